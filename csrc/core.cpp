@@ -1,0 +1,550 @@
+// The core of torch_kvswap: validation, descriptor building and merging, and
+// the kernels of the public ops. Nothing here copies a byte; a validated
+// CopyBatch is handed to the engine registered for the target device's
+// dispatch key through `kvswap::_submit` (see kvswap.h).
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "kvswap.h"
+
+namespace kvswap {
+namespace {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// ---------------------------------------------------------------------------
+// Engines
+// ---------------------------------------------------------------------------
+
+c10::DispatchKey engine_key(c10::DeviceType type) {
+  switch (type) {
+    case c10::DeviceType::CPU:
+      return c10::DispatchKey::CPU;
+    case c10::DeviceType::CUDA:
+      return c10::DispatchKey::CUDA;
+    case c10::DeviceType::PrivateUse1:
+      return c10::DispatchKey::PrivateUse1;
+    default:
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "kvswap has no engine for device type ", type,
+                                  "; supported: cpu (host engine), cuda, and the PrivateUse1 "
+                                  "backend (Ascend NPU)");
+  }
+}
+
+const char* engine_hint(c10::DeviceType type) {
+  switch (type) {
+    case c10::DeviceType::CUDA:
+      return "the CUDA engine (torch_kvswap._C_cuda) is not loaded; reinstall torch_kvswap "
+             "with a CUDA toolkit present or KVSWAP_BUILD_CUDA=1";
+    case c10::DeviceType::PrivateUse1:
+      return "the Ascend engine (torch_kvswap._C_npu) is not loaded; install torch_npu and "
+             "CANN, then reinstall torch_kvswap (or force it with KVSWAP_BUILD_NPU=1)";
+    default:
+      return "the host engine is not loaded; reinstall torch_kvswap";
+  }
+}
+
+// Descriptors in the layout `_submit` takes: one [3, n] int64 CPU tensor whose
+// rows are the source addresses, destination addresses and byte counts.
+struct Descriptors {
+  at::Tensor table;
+  int64_t count = 0;
+  int64_t total_bytes = 0;
+
+  explicit Descriptors(int64_t capacity) : table(at::empty({3, capacity}, at::kLong)) {}
+  int64_t* src() { return table.data_ptr<int64_t>(); }
+  int64_t* dst() { return src() + table.size(1); }
+  int64_t* size() { return dst() + table.size(1); }
+
+  // The used part of each row; views, sharing the table's storage.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> rows() const {
+    auto used = table.narrow(1, 0, count);
+    return {used[0], used[1], used[2]};
+  }
+};
+
+void submit(const Descriptors& d, Direction direction, c10::Device device) {
+  if (d.count == 0) {
+    return;  // nothing to copy: no engine is needed, no stream is touched
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvswap::_submit", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         int64_t, int64_t, c10::Device)>();
+  const auto key = engine_key(device.type());
+  TORCH_CHECK(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device, ": ",
+              engine_hint(device.type()));
+  auto [src, dst, size] = d.rows();
+  op.redispatch(c10::DispatchKeySet(key), src, dst, size, static_cast<int64_t>(direction),
+                d.total_bytes, device);
+}
+
+// ---------------------------------------------------------------------------
+// swap_blocks_batch: raw descriptors
+// ---------------------------------------------------------------------------
+
+void check_descriptor_tensor(const at::Tensor& t, const char* name, int64_t expected_len) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1, name, " must be 1-D, got ", t.dim(), "-D with shape ",
+                    t.sizes());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got one on ", t.device());
+  TORCH_CHECK_VALUE(t.numel() == expected_len, name, " has ", t.numel(),
+                    " entries but src_ptrs has ", expected_len,
+                    "; the three descriptor tensors must have the same length");
+}
+
+// Validates every descriptor before anything is copied, drops zero-byte ones
+// and merges neighbours whose source and destination both continue each other.
+Descriptors plan_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                               const at::Tensor& sizes, int64_t direction) {
+  checked_direction(direction);
+  check_descriptor_tensor(src_ptrs, "src_ptrs", src_ptrs.dim() == 1 ? src_ptrs.numel() : -1);
+  check_descriptor_tensor(dst_ptrs, "dst_ptrs", src_ptrs.numel());
+  check_descriptor_tensor(sizes, "sizes", src_ptrs.numel());
+
+  const auto src_c = src_ptrs.contiguous();
+  const auto dst_c = dst_ptrs.contiguous();
+  const auto size_c = sizes.contiguous();
+  const int64_t* src = src_c.const_data_ptr<int64_t>();
+  const int64_t* dst = dst_c.const_data_ptr<int64_t>();
+  const int64_t* size = size_c.const_data_ptr<int64_t>();
+  const int64_t n = src_ptrs.numel();
+
+  Descriptors out(n);
+  int64_t* osrc = out.src();
+  int64_t* odst = out.dst();
+  int64_t* osize = out.size();
+  int64_t m = 0;
+  int64_t total = 0;
+  for (const auto i : c10::irange(n)) {
+    const int64_t bytes = size[i];
+    if (bytes == 0) {
+      continue;
+    }
+    TORCH_CHECK_VALUE(bytes > 0, "sizes[", i, "] is ", bytes, "; byte counts must be >= 0");
+    const uint64_t s = static_cast<uint64_t>(src[i]);
+    const uint64_t d = static_cast<uint64_t>(dst[i]);
+    TORCH_CHECK_VALUE(s != 0, "src_ptrs[", i, "] is null with sizes[", i, "] = ", bytes);
+    TORCH_CHECK_VALUE(d != 0, "dst_ptrs[", i, "] is null with sizes[", i, "] = ", bytes);
+    const uint64_t b = static_cast<uint64_t>(bytes);
+    TORCH_CHECK_VALUE(s + b > s, "src_ptrs[", i, "] + sizes[", i, "] overflows the address space");
+    TORCH_CHECK_VALUE(d + b > d, "dst_ptrs[", i, "] + sizes[", i, "] overflows the address space");
+    // Only meaningful when both addresses are in one address space, but a
+    // copy onto itself is a caller bug in every direction.
+    TORCH_CHECK_VALUE(s + b <= d || d + b <= s, "descriptor ", i, ": source [", src[i], ", +",
+                      bytes, ") and destination [", dst[i], ", +", bytes, ") overlap");
+    TORCH_CHECK_VALUE(total <= kInt64Max - bytes, "sizes: total byte count overflows int64 at index ", i);
+    total += bytes;
+    if (m > 0 && osrc[m - 1] + osize[m - 1] == src[i] && odst[m - 1] + osize[m - 1] == dst[i]) {
+      osize[m - 1] += bytes;
+    } else {
+      osrc[m] = src[i];
+      odst[m] = dst[i];
+      osize[m] = bytes;
+      ++m;
+    }
+  }
+  out.count = m;
+  out.total_bytes = total;
+  return out;
+}
+
+// The device the pointer op's copies are issued on: the current accelerator,
+// or the host when there is none.
+c10::Device pointer_op_device() {
+  const auto accelerator = at::getAccelerator(/*checked=*/false);
+  if (!accelerator.has_value()) {
+    return c10::Device(c10::DeviceType::CPU);
+  }
+  return c10::Device(*accelerator, at::accelerator::getDeviceIndex());
+}
+
+void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                       const at::Tensor& sizes, int64_t direction) {
+  const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction);
+  if (plan.count == 0) {
+    return;
+  }
+  submit(plan, static_cast<Direction>(direction), pointer_op_device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::Tensor& src_ptrs,
+                                                                      const at::Tensor& dst_ptrs,
+                                                                      const at::Tensor& sizes,
+                                                                      int64_t direction) {
+  auto [s, d, z] = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction).rows();
+  return {s.clone(), d.clone(), z.clone()};
+}
+
+// ---------------------------------------------------------------------------
+// swap_blocks: tensor form
+// ---------------------------------------------------------------------------
+
+// Where the blocks of one cache tensor live: block b starts at
+// base + b * stride and spans the pair's block_bytes.
+struct CacheLayout {
+  int64_t base;
+  int64_t stride;
+  int64_t num_blocks;
+};
+
+struct PairLayout {
+  CacheLayout src;
+  CacheLayout dst;
+  int64_t block_bytes;
+};
+
+// Bytes per block of `t` (a cache whose dim 0 indexes blocks) after checking
+// that each block is one contiguous run of memory.
+int64_t block_bytes_of(const at::Tensor& t, const char* list, size_t i) {
+  TORCH_CHECK_VALUE(t.dim() >= 1, list, "[", i, "] must have a block dimension (dim 0), got a ",
+                    "0-d tensor");
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 1; --d) {
+    TORCH_CHECK_VALUE(t.size(d) == 1 || t.stride(d) == expected, list, "[", i,
+                      "]: each block must be contiguous in memory, but dim ", d, " of shape ",
+                      t.sizes(), " has stride ", t.stride(d), " (expected ", expected, ")");
+    expected *= t.size(d);
+  }
+  return expected * static_cast<int64_t>(t.element_size());
+}
+
+std::optional<c10::Device> common_device(at::TensorList caches, const char* list) {
+  std::optional<c10::Device> device;
+  for (const auto i : c10::irange(caches.size())) {
+    const auto d = caches[i].device();
+    if (!device.has_value()) {
+      device = d;
+    } else {
+      TORCH_CHECK_VALUE(d == *device, list, "[", i, "] is on ", d, " but ", list,
+                        "[0] is on ", *device, "; all tensors of one list share a device");
+    }
+  }
+  return device;
+}
+
+std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList dst_caches) {
+  TORCH_CHECK_VALUE(src_caches.size() == dst_caches.size(), "src_caches has ",
+                    src_caches.size(), " tensors but dst_caches has ", dst_caches.size(),
+                    "; they are matched pairwise");
+  std::vector<PairLayout> pairs;
+  pairs.reserve(src_caches.size());
+  for (const auto i : c10::irange(src_caches.size())) {
+    const auto& s = src_caches[i];
+    const auto& d = dst_caches[i];
+    TORCH_CHECK_TYPE(s.scalar_type() == d.scalar_type(), "src_caches[", i, "] is ",
+                     s.scalar_type(), " but dst_caches[", i, "] is ", d.scalar_type());
+    const int64_t sb = block_bytes_of(s, "src_caches", i);
+    const int64_t db = block_bytes_of(d, "dst_caches", i);
+    TORCH_CHECK_VALUE(sb == db, "src_caches[", i, "] has ", sb, " bytes per block (shape ",
+                      s.sizes(), ") but dst_caches[", i, "] has ", db, " (shape ", d.sizes(), ")");
+    const int64_t es = static_cast<int64_t>(s.element_size());
+    const int64_t dstride = d.stride(0) * es;
+    TORCH_CHECK_VALUE(d.size(0) <= 1 || db == 0 || dstride >= db, "dst_caches[", i,
+                      "]: blocks overlap in memory (stride of dim 0 is ", d.stride(0),
+                      " elements for ", db, "-byte blocks); a destination needs distinct blocks");
+    pairs.push_back(PairLayout{
+        CacheLayout{reinterpret_cast<int64_t>(s.const_data_ptr()), s.stride(0) * es, s.size(0)},
+        CacheLayout{reinterpret_cast<int64_t>(d.const_data_ptr()), dstride, d.size(0)},
+        sb});
+  }
+  return pairs;
+}
+
+void check_ids_tensor(const at::Tensor& ids, const char* name) {
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, name, " must be int64, got ",
+                   ids.scalar_type());
+  TORCH_CHECK_VALUE(ids.dim() == 1, name, " must be 1-D, got shape ", ids.sizes());
+}
+
+// Range of a cache's bytes, for the aliasing check.
+bool ranges_overlap(const CacheLayout& a, const CacheLayout& b, int64_t block_bytes) {
+  if (a.num_blocks == 0 || b.num_blocks == 0 || block_bytes == 0) {
+    return false;
+  }
+  const int64_t a_end = a.base + (a.num_blocks - 1) * a.stride + block_bytes;
+  const int64_t b_end = b.base + (b.num_blocks - 1) * b.stride + block_bytes;
+  return a.base < b_end && b.base < a_end;
+}
+
+// Every id in range for every tensor it indexes, no destination block written
+// twice, and no block both read and written when a pair shares memory.
+void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n,
+                     const std::vector<PairLayout>& pairs) {
+  if (n == 0 || pairs.empty()) {
+    return;
+  }
+  int64_t src_limit = kInt64Max, dst_limit = kInt64Max;
+  for (const auto& p : pairs) {
+    src_limit = std::min(src_limit, p.src.num_blocks);
+    dst_limit = std::min(dst_limit, p.dst.num_blocks);
+  }
+  auto report_range = [&](const int64_t* ids, int64_t j, bool is_src) {
+    const char* name = is_src ? "src_block_ids" : "dst_block_ids";
+    const char* list = is_src ? "src_caches" : "dst_caches";
+    for (const auto i : c10::irange(pairs.size())) {
+      const int64_t blocks = is_src ? pairs[i].src.num_blocks : pairs[i].dst.num_blocks;
+      TORCH_CHECK_INDEX(ids[j] >= 0 && ids[j] < blocks, name, "[", j, "] = ", ids[j],
+                        " is out of range for ", list, "[", i, "], which has ", blocks,
+                        " blocks (valid ids: 0..", blocks - 1, ")");
+    }
+  };
+  for (const auto j : c10::irange(n)) {
+    // Unsigned compare folds the negative check into the range check.
+    if (static_cast<uint64_t>(sid[j]) >= static_cast<uint64_t>(src_limit)) {
+      report_range(sid, j, true);
+    }
+    if (static_cast<uint64_t>(did[j]) >= static_cast<uint64_t>(dst_limit)) {
+      report_range(did, j, false);
+    }
+  }
+  // One bit per destination block: a block written twice would race.
+  std::vector<uint64_t> written(static_cast<size_t>((dst_limit + 63) / 64), 0);
+  for (const auto j : c10::irange(n)) {
+    const uint64_t b = static_cast<uint64_t>(did[j]);
+    const uint64_t bit = uint64_t{1} << (b & 63);
+    if (written[b >> 6] & bit) {
+      const int64_t first = std::find(did, did + j, did[j]) - did;
+      TORCH_CHECK_VALUE(false, "dst_block_ids[", first, "] and dst_block_ids[", j,
+                        "] are both ", did[j], "; each destination block may be written once "
+                        "per call");
+    }
+    written[b >> 6] |= bit;
+  }
+  for (const auto i : c10::irange(pairs.size())) {
+    const auto& p = pairs[i];
+    if (!ranges_overlap(p.src, p.dst, p.block_bytes)) {
+      continue;
+    }
+    TORCH_CHECK_VALUE(p.src.base == p.dst.base && p.src.stride == p.dst.stride, "src_caches[",
+                      i, "] and dst_caches[", i, "] overlap in memory with different layouts");
+    for (const auto j : c10::irange(n)) {
+      const uint64_t b = static_cast<uint64_t>(sid[j]);
+      TORCH_CHECK_VALUE(b >= static_cast<uint64_t>(dst_limit) ||
+                            !(written[b >> 6] & (uint64_t{1} << (b & 63))),
+                        "src_block_ids[", j, "] = ", sid[j], " is also a destination block, and ",
+                        "src_caches[", i, "] and dst_caches[", i, "] are the same memory; a block "
+                        "may not be both read and written in one call");
+    }
+  }
+}
+
+// Builds the descriptors of a block copy. Ids are grouped once into runs
+// where both the source and the destination id advance by one; a cache pair
+// whose blocks are densely packed on both sides gets one descriptor per run,
+// any other pair one per block.
+Descriptors build_block_descriptors(const std::vector<PairLayout>& pairs, const int64_t* sid,
+                                    const int64_t* did, int64_t n) {
+  std::vector<int64_t> run_start;  // index j where each run begins
+  run_start.reserve(static_cast<size_t>(n) + 1);
+  for (const auto j : c10::irange(n)) {
+    if (j == 0 || sid[j] != sid[j - 1] + 1 || did[j] != did[j - 1] + 1) {
+      run_start.push_back(j);
+    }
+  }
+  const int64_t runs = static_cast<int64_t>(run_start.size());
+  run_start.push_back(n);
+
+  int64_t capacity = 0;
+  for (const auto& p : pairs) {
+    if (p.block_bytes == 0) continue;
+    const bool dense = p.src.stride == p.block_bytes && p.dst.stride == p.block_bytes;
+    capacity += dense ? runs : n;
+  }
+  Descriptors out(capacity);
+  int64_t* osrc = out.src();
+  int64_t* odst = out.dst();
+  int64_t* osize = out.size();
+  int64_t m = 0;
+  int64_t total = 0;
+  for (const auto& p : pairs) {
+    const int64_t bb = p.block_bytes;
+    if (bb == 0) continue;
+    if (p.src.stride == bb && p.dst.stride == bb) {
+      for (const auto r : c10::irange(runs)) {
+        const int64_t j = run_start[r];
+        osrc[m] = p.src.base + sid[j] * bb;
+        odst[m] = p.dst.base + did[j] * bb;
+        osize[m] = (run_start[r + 1] - j) * bb;
+        ++m;
+      }
+    } else {
+      for (const auto j : c10::irange(n)) {
+        osrc[m + j] = p.src.base + sid[j] * p.src.stride;
+        odst[m + j] = p.dst.base + did[j] * p.dst.stride;
+        osize[m + j] = bb;
+      }
+      m += n;
+    }
+    total += n * bb;
+  }
+  out.count = m;
+  out.total_bytes = total;
+  return out;
+}
+
+struct BlockCopyPlan {
+  Descriptors descriptors;
+  Direction direction;
+  c10::Device device;
+};
+
+BlockCopyPlan plan_block_copy(at::TensorList src_caches, at::TensorList dst_caches,
+                              const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+  check_ids_tensor(src_block_ids, "src_block_ids");
+  check_ids_tensor(dst_block_ids, "dst_block_ids");
+  TORCH_CHECK_VALUE(src_block_ids.numel() == dst_block_ids.numel(), "src_block_ids has ",
+                    src_block_ids.numel(), " ids but dst_block_ids has ", dst_block_ids.numel(),
+                    "; they are matched pairwise");
+  const auto pairs = layout_pairs(src_caches, dst_caches);
+  const auto src_dev = common_device(src_caches, "src_caches").value_or(c10::Device("cpu"));
+  const auto dst_dev = common_device(dst_caches, "dst_caches").value_or(c10::Device("cpu"));
+
+  Direction direction = Direction::kDeviceToDevice;
+  c10::Device device = src_dev;
+  if (src_dev.is_cpu() && dst_dev.is_cpu()) {
+    device = src_dev;  // host engine; it does not look at the direction
+    direction = Direction::kHostToDevice;
+  } else if (src_dev.is_cpu()) {
+    direction = Direction::kHostToDevice;
+    device = dst_dev;
+  } else if (dst_dev.is_cpu()) {
+    direction = Direction::kDeviceToHost;
+  } else {
+    TORCH_CHECK_VALUE(src_dev == dst_dev, "src_caches are on ", src_dev, " but dst_caches are on ",
+                      dst_dev, "; copies between two accelerators are not supported");
+  }
+
+  // Ids are read on the host; ids on an accelerator are brought over (a
+  // synchronizing copy).
+  const auto sid_t = src_block_ids.to(at::kCPU).contiguous();
+  const auto did_t = dst_block_ids.to(at::kCPU).contiguous();
+  const int64_t* sid = sid_t.const_data_ptr<int64_t>();
+  const int64_t* did = did_t.const_data_ptr<int64_t>();
+  const int64_t n = sid_t.numel();
+  check_block_ids(sid, did, n, pairs);
+  return BlockCopyPlan{build_block_descriptors(pairs, sid, did, n), direction, device};
+}
+
+void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
+                 const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+  const auto plan = plan_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
+  submit(plan.descriptors, plan.direction, plan.device);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList src_caches,
+                                                                at::TensorList dst_caches,
+                                                                const at::Tensor& src_block_ids,
+                                                                const at::Tensor& dst_block_ids) {
+  return plan_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids).descriptors.rows();
+}
+
+// ---------------------------------------------------------------------------
+// expand_block_ids
+// ---------------------------------------------------------------------------
+
+at::Tensor expand_block_ids(const at::Tensor& block_ids, int64_t factor, int64_t skip_count) {
+  TORCH_CHECK_TYPE(block_ids.scalar_type() == at::kLong, "block_ids must be int64, got ",
+                   block_ids.scalar_type());
+  TORCH_CHECK_VALUE(block_ids.dim() == 1, "block_ids must be 1-D, got shape ", block_ids.sizes());
+  TORCH_CHECK_VALUE(factor >= 1, "block_size_factor must be >= 1, got ", factor);
+  TORCH_CHECK_VALUE(skip_count >= 0 && skip_count < factor, "skip_count must be in [0, ",
+                    "block_size_factor) = [0, ", factor, "), got ", skip_count);
+  const int64_t n = block_ids.numel();
+  TORCH_CHECK_VALUE(n <= kInt64Max / factor, "block_ids has ", n,
+                    " entries; times block_size_factor ", factor, " overflows int64");
+  const int64_t out_len = n == 0 ? 0 : n * factor - skip_count;
+  // The largest id whose last sub-block b*f + f-1 still fits in int64.
+  const int64_t max_id = (kInt64Max - (factor - 1)) / factor;
+
+  if (!block_ids.device().is_cpu()) {
+    // Accelerator tensors: the same arithmetic with ATen ops; the checks read
+    // the ids back to the host (a synchronizing copy).
+    if (n > 0) {
+      const int64_t lo = block_ids.min().item<int64_t>();
+      const int64_t hi = block_ids.max().item<int64_t>();
+      TORCH_CHECK_VALUE(lo >= 0, "block_ids contains ", lo, "; block ids must be >= 0");
+      TORCH_CHECK_VALUE(hi <= max_id, "block_ids contains ", hi, "; times block_size_factor ",
+                        factor, " overflows int64");
+    }
+    auto offsets = at::arange(factor, block_ids.options());
+    auto all = (block_ids.unsqueeze(1) * factor + offsets.unsqueeze(0)).reshape({-1});
+    return all.narrow(0, n == 0 ? 0 : skip_count, out_len).contiguous();
+  }
+
+  auto out = at::empty({out_len}, block_ids.options());
+  int64_t* o = out.data_ptr<int64_t>();
+  const auto accessor = block_ids.accessor<int64_t, 1>();  // any stride
+  int64_t k = 0;
+  for (const auto j : c10::irange(n)) {
+    const int64_t b = accessor[j];
+    TORCH_CHECK_VALUE(b >= 0, "block_ids[", j, "] is ", b, "; block ids must be >= 0");
+    TORCH_CHECK_VALUE(b <= max_id, "block_ids[", j, "] = ", b, " times block_size_factor ",
+                      factor, " overflows int64");
+    const int64_t first = (j == 0) ? skip_count : 0;
+    for (int64_t f = first; f < factor; ++f) {
+      o[k++] = b * factor + f;
+    }
+  }
+  return out;
+}
+
+std::string direction_name_op(int64_t direction) { return direction_name(direction); }
+
+// Host-buffer pinning is the accelerator engine's business; the core only
+// checks the buffer and routes the call to the engine of `device`.
+void host_register(const at::Tensor& buffer, c10::Device device, bool pin) {
+  TORCH_CHECK_VALUE(buffer.device().is_cpu(), "buffer must be a CPU tensor, got one on ",
+                    buffer.device());
+  TORCH_CHECK_VALUE(buffer.is_contiguous(), "buffer must be contiguous");
+  TORCH_CHECK_NOT_IMPLEMENTED(!device.is_cpu(), "device must be an accelerator; host memory ",
+                              "needs no pinning for the host engine");
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvswap::_host_register", "")
+                             .typed<void(const at::Tensor&, c10::Device, bool)>();
+  const auto key = engine_key(device.type());
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device,
+                              " to pin host memory: ", engine_hint(device.type()));
+  op.redispatch(c10::DispatchKeySet(key), buffer, device, pin);
+}
+
+}  // namespace
+}  // namespace kvswap
+
+TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
+  m.impl("swap_blocks_batch", &kvswap::swap_blocks_batch);
+  m.impl("_plan_swap_blocks_batch", &kvswap::plan_swap_blocks_batch);
+  m.impl("_host_register", &kvswap::host_register);
+}
+
+// The tensor op and its dry run are one device-generic kernel: it reads the
+// caches' devices and hands the descriptors to that device's engine. It is
+// registered for every key an engine may serve, so a mixed host/accelerator
+// call, which the dispatcher routes by its accelerator tensor, lands here too.
+TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
+  m.impl("swap_blocks", &kvswap::swap_blocks);
+  m.impl("_plan_swap_blocks", &kvswap::plan_swap_blocks);
+  m.impl("expand_block_ids", &kvswap::expand_block_ids);
+}
+TORCH_LIBRARY_IMPL(kvswap, CUDA, m) {
+  m.impl("swap_blocks", &kvswap::swap_blocks);
+  m.impl("_plan_swap_blocks", &kvswap::plan_swap_blocks);
+  m.impl("expand_block_ids", &kvswap::expand_block_ids);
+}
+TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) {
+  m.impl("swap_blocks", &kvswap::swap_blocks);
+  m.impl("_plan_swap_blocks", &kvswap::plan_swap_blocks);
+  m.impl("expand_block_ids", &kvswap::expand_block_ids);
+}
+
+TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
+  m.impl("_direction_name", &kvswap::direction_name_op);
+}

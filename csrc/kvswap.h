@@ -1,0 +1,101 @@
+// Shared declarations of torch_kvswap's C++ core and its engines.
+//
+// The package is split the way a reader looks for things:
+//   registration.cpp  every schema of the `kvswap` namespace, declared once;
+//   core.cpp          validation, descriptor building and merging, and the
+//                     kernels of the public ops, which only ever hand a
+//                     validated CopyBatch to an engine;
+//   host/             the host engine (memcpy on a thread pool), always built;
+//   cuda/, ascend/    the accelerator engines, each a separate extension.
+//
+// An engine is reached through the dispatcher, not through a C++ symbol: it
+// registers a kernel for `kvswap::_submit` under its own dispatch key (CPU,
+// CUDA, PrivateUse1), and the core redispatches validated descriptors to that
+// key. Engines therefore live in separate shared objects without linking to
+// each other, and a missing engine is an error message, not a loader failure.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+namespace kvswap {
+
+// Direction codes of `swap_blocks_batch`. These values are the public
+// contract with the reference call (0 = host->device, 1 = device->host,
+// 2 = device->device); torch_kvswap.Direction mirrors them and a test ties the
+// two together through `kvswap::_direction_name`.
+enum class Direction : int64_t {
+  kHostToDevice = 0,
+  kDeviceToHost = 1,
+  kDeviceToDevice = 2,
+};
+constexpr int64_t kNumDirections = 3;
+
+// Lower-case name of a direction code ("host_to_device", ...); throws for an
+// unknown code, naming the argument `what`.
+inline const char* direction_name(int64_t code, const char* what = "direction") {
+  switch (code) {
+    case 0:
+      return "host_to_device";
+    case 1:
+      return "device_to_host";
+    case 2:
+      return "device_to_device";
+    default:
+      TORCH_CHECK_VALUE(false, what, " must be 0 (host_to_device), 1 (device_to_host) or ",
+                        "2 (device_to_device), got ", code);
+  }
+}
+
+inline Direction checked_direction(int64_t code, const char* what = "direction") {
+  direction_name(code, what);
+  return static_cast<Direction>(code);
+}
+
+// A validated, merged batch of copies, as handed to an engine. The three
+// arrays have `count` entries; every size is > 0 and every address non-null.
+// The arrays are borrowed from tensors owned by the caller of the engine; an
+// engine that needs them after it returns (an asynchronous API that reads them
+// late) must keep those tensors alive itself.
+struct CopyBatch {
+  const int64_t* src = nullptr;
+  const int64_t* dst = nullptr;
+  const int64_t* size = nullptr;
+  int64_t count = 0;
+  int64_t total_bytes = 0;
+  Direction direction = Direction::kHostToDevice;
+};
+
+// Views the tensors of a `_submit` call as a CopyBatch. The tensors were built
+// by the core (contiguous, int64, CPU, equal length, sizes > 0), so this only
+// re-checks what is cheap and would otherwise corrupt memory.
+inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs,
+                                    const at::Tensor& dst_ptrs,
+                                    const at::Tensor& sizes,
+                                    int64_t direction,
+                                    int64_t total_bytes) {
+  const auto n = src_ptrs.numel();
+  TORCH_CHECK(dst_ptrs.numel() == n && sizes.numel() == n &&
+                  src_ptrs.scalar_type() == at::kLong && dst_ptrs.scalar_type() == at::kLong &&
+                  sizes.scalar_type() == at::kLong && src_ptrs.is_contiguous() &&
+                  dst_ptrs.is_contiguous() && sizes.is_contiguous(),
+              "kvswap::_submit expects the core's descriptor tensors; call swap_blocks or "
+              "swap_blocks_batch instead");
+  CopyBatch batch;
+  batch.src = src_ptrs.const_data_ptr<int64_t>();
+  batch.dst = dst_ptrs.const_data_ptr<int64_t>();
+  batch.size = sizes.const_data_ptr<int64_t>();
+  batch.count = n;
+  batch.total_bytes = total_bytes;
+  batch.direction = checked_direction(direction);
+  return batch;
+}
+
+inline void* as_ptr(int64_t address) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+}
+
+}  // namespace kvswap

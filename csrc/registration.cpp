@@ -1,0 +1,60 @@
+// Every schema of the `kvswap` namespace, declared once. Kernels are added by
+// core.cpp (public ops) and by the engines (`_submit`) under their own keys;
+// fake kernels live in torch_kvswap/_fake.py.
+#include <torch/library.h>
+
+#include "python_module.h"
+
+KVSWAP_PYTHON_MODULE(_C)
+
+TORCH_LIBRARY(kvswap, m) {
+  // Batched copy between raw addresses: copy sizes[i] bytes from src_ptrs[i]
+  // to dst_ptrs[i] on the current stream of the current accelerator (with no
+  // accelerator: memcpy on the host). The three tensors are 1-D int64 CPU
+  // tensors of equal length; direction is 0 host->device, 1 device->host,
+  // 2 device->device. Drop-in for the reference handler's call. It mutates
+  // memory the schema cannot name, so torch_kvswap registers it as an ordered
+  // side effect; nothing is marked mutated on purpose (the pointer tensors
+  // are only read).
+  m.def("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> ()");
+
+  // Tensor form: for every pair i and every j, copy block src_block_ids[j] of
+  // src_caches[i] into block dst_block_ids[j] of dst_caches[i]. Dim 0 is the
+  // block dimension. The destinations are mutated in place (a!), which is
+  // what lets torch.compile order it against other reads and writes.
+  m.def(
+      "swap_blocks(Tensor[] src_caches, Tensor(a!)[] dst_caches, Tensor src_block_ids, "
+      "Tensor dst_block_ids) -> ()");
+
+  // Each id b becomes b*f, b*f+1, ..., b*f+f-1; the first skip_count entries
+  // of the result are dropped. Returns a new 1-D int64 tensor.
+  m.def("expand_block_ids(Tensor block_ids, int block_size_factor, int skip_count=0) -> Tensor");
+
+  // Name of a direction code; ties torch_kvswap.Direction to the C++ enum.
+  m.def("_direction_name(int direction) -> str");
+
+  // Engine entry point: submit validated, merged descriptors built by the
+  // core. Each engine registers a kernel for its dispatch key; the core
+  // redispatches to it. `device` is where the copies are issued (the current
+  // stream of that device). Not for direct use.
+  m.def(
+      "_submit(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction, int total_bytes, "
+      "Device device) -> ()");
+
+  // Page-locks (pin=True) or releases (pin=False) an existing contiguous host
+  // buffer for DMA by `device`, in place and at its exact size; the pinned
+  // allocators round every allocation up to a power of two, which host
+  // mirrors of a KV cache cannot afford. Served by the accelerator engines.
+  m.def("_host_register(Tensor buffer, Device device, bool pin) -> ()");
+
+  // Dry run of swap_blocks: validates exactly as swap_blocks does and returns
+  // the merged descriptors (src_ptrs, dst_ptrs, sizes) it would submit,
+  // copying nothing. For tests and for measuring the host-side cost.
+  m.def(
+      "_plan_swap_blocks(Tensor[] src_caches, Tensor[] dst_caches, Tensor src_block_ids, "
+      "Tensor dst_block_ids) -> (Tensor, Tensor, Tensor)");
+
+  // Dry run of swap_blocks_batch: validates and returns the merged
+  // descriptors it would submit.
+  m.def("_plan_swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> (Tensor, Tensor, Tensor)");
+}

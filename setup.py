@@ -1,0 +1,180 @@
+"""Build script of torch_kvswap.
+
+Always builds ``torch_kvswap._C``: the schemas, the core (validation and
+descriptor building) and the host engine. The accelerator engines are separate
+extensions, detected at build time without needing the hardware:
+
+* ``torch_kvswap._C_cuda`` (``csrc/cuda/``): built when torch is a CUDA build and
+  a CUDA toolkit is found. ``KVSWAP_BUILD_CUDA=1`` forces it, ``=0`` skips it.
+* ``torch_kvswap._C_npu`` (``csrc/ascend/``): built when torch_npu is installed
+  and CANN is found (``ASCEND_HOME_PATH`` or ``ASCEND_TOOLKIT_HOME``).
+  ``KVSWAP_BUILD_NPU=1`` forces it, ``=0`` skips it. ``KVSWAP_ACL_BATCH_MEMCPY``
+  (``1``/``0``) overrides the probe for ``aclrtMemcpyBatchAsync``.
+
+Build with ``pip install --no-build-isolation .`` so the extension is compiled
+against the torch already installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+import torch
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = Path(__file__).resolve().parent
+CSRC = ROOT / "csrc"
+
+# Warnings that point to real bugs in copy code (narrowing, sign mix-ups,
+# ignored return values) fail the build instead of scrolling past.
+STRICT_CXX = [
+    "-O3",
+    "-fvisibility=hidden",
+    "-Wall",
+    "-Wextra",
+    "-Werror=return-type",
+    "-Werror=unused-result",
+    "-Werror=sign-compare",
+    "-Werror=narrowing",
+    "-Werror=uninitialized",
+    "-Wno-unused-parameter",
+]
+
+
+def _flag(name: str) -> bool | None:
+    """Tri-state environment switch: True, False, or None for 'detect'."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def _rel(paths: list[Path]) -> list[str]:
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def core_extension() -> CppExtension:
+    sources = [CSRC / "registration.cpp", CSRC / "core.cpp", CSRC / "host" / "host_engine.cpp"]
+    return CppExtension(
+        "torch_kvswap._C",
+        _rel(sources),
+        extra_compile_args={"cxx": STRICT_CXX},
+        py_limited_api=False,
+    )
+
+
+def cuda_extension():
+    wanted = _flag("KVSWAP_BUILD_CUDA")
+    if wanted is False:
+        return None
+    from torch.utils.cpp_extension import CUDA_HOME, CUDAExtension
+
+    found = bool(torch.version.cuda) and CUDA_HOME is not None
+    if not (found or wanted):
+        return None
+    sources = sorted((CSRC / "cuda").glob("*.cu"))
+    return CUDAExtension(
+        "torch_kvswap._C_cuda",
+        _rel(sources),
+        extra_compile_args={"cxx": STRICT_CXX, "nvcc": ["-O3", "-Xcompiler", "-fvisibility=hidden"]},
+    )
+
+
+def _ascend_home() -> str | None:
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
+
+
+def _torch_npu_root() -> Path | None:
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch_npu")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _probe_acl_batch_memcpy(include_dirs: list[str]) -> bool:
+    """Does this CANN declare aclrtMemcpyBatchAsync (CANN 8.5+)?"""
+    override = _flag("KVSWAP_ACL_BATCH_MEMCPY")
+    if override is not None:
+        return override
+    cxx = os.environ.get("CXX", "c++")
+    probe = (
+        "#include <acl/acl_rt.h>\n"
+        "int main() { return aclrtMemcpyBatchAsync == nullptr; }\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text(probe)
+        cmd = [cxx, "-std=c++17", "-fsyntax-only", str(src)] + [f"-I{d}" for d in include_dirs]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+
+
+def npu_extension():
+    wanted = _flag("KVSWAP_BUILD_NPU")
+    if wanted is False:
+        return None
+    npu_root = _torch_npu_root()
+    cann = _ascend_home()
+    if not ((npu_root and cann) or wanted):
+        return None
+    if npu_root is None:
+        raise RuntimeError("KVSWAP_BUILD_NPU=1 but torch_npu is not installed")
+    include_dirs = [str(npu_root / "include")]
+    library_dirs = [str(npu_root / "lib")]
+    libraries = ["torch_npu"]
+    if cann:
+        include_dirs.append(os.path.join(cann, "include"))
+        library_dirs.append(os.path.join(cann, "lib64"))
+        libraries.append("ascendcl")
+    macros = [("KVSWAP_HAVE_ACL_BATCH_MEMCPY", "1" if _probe_acl_batch_memcpy(include_dirs) else "0")]
+    sources = sorted((CSRC / "ascend").glob("*.cpp"))
+    return CppExtension(
+        "torch_kvswap._C_npu",
+        _rel(sources),
+        include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        libraries=libraries,
+        define_macros=macros,
+        extra_compile_args={"cxx": STRICT_CXX},
+    )
+
+
+def extensions():
+    exts = [core_extension()]
+    for make in (cuda_extension, npu_extension):
+        ext = make()
+        if ext is not None:
+            exts.append(ext)
+    return exts
+
+
+if shutil.which("ninja") is None:
+    print("warning: ninja not found; the build falls back to a slow serial compile", file=sys.stderr)
+
+setup(
+    name="torch_kvswap",
+    version="0.1.0",
+    description="Batched KV-cache block copies between accelerator and host memory for PyTorch",
+    packages=find_packages(include=["torch_kvswap", "torch_kvswap.*"]),
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.6", "numpy"],
+    extras_require={"plot": ["matplotlib"], "test": ["pytest", "hypothesis", "expecttest"]},
+)

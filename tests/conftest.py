@@ -1,0 +1,45 @@
+"""Shared fixtures of the torch_kvswap test suite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_kvswap  # noqa: F401 - loads the ops
+
+
+@pytest.fixture
+def fresh_compile():
+    """torch.compile with Inductor's FX graph cache off and dynamo reset.
+
+    The FX graph cache keys on op names, not schemas: it can hand back a graph
+    built for an older schema of the same op name.
+    """
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False):
+        yield
+    torch._dynamo.reset()
+
+
+def accelerator_or_skip(kind: str) -> torch.device:
+    """The accelerator `kind` ('cuda' or 'npu') with its kvswap engine, or a skip saying what is missing."""
+    if kind == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except Exception as exc:  # noqa: BLE001
+            pytest.skip(f"no Ascend NPU stack: torch_npu cannot be imported ({exc})")
+        if not torch.npu.is_available():
+            pytest.skip("torch_npu is installed but no NPU device is visible")
+        key, engine = "PrivateUse1", "torch_kvswap._C_npu"
+    elif kind == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU: torch.cuda.is_available() is False "
+                        f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
+        key, engine = "CUDA", "torch_kvswap._C_cuda"
+    else:
+        raise ValueError(kind)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_submit", key):
+        reason = torch_kvswap._loader.ENGINE_ERRORS.get(engine, "it was not built")
+        pytest.fail(f"a {kind} device is present but the kvswap {kind} engine ({engine}) "
+                    f"is not registered: {reason}")
+    return torch.device(kind, 0)

@@ -1,0 +1,82 @@
+"""The op library is complete: every op has a fake kernel, the right effects, and kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._higher_order_ops.effects import _EffectType, _get_effect
+from torch._library.simple_registry import singleton as simple_registry
+
+import torch_kvswap
+
+PUBLIC = ["kvswap::swap_blocks_batch", "kvswap::swap_blocks", "kvswap::expand_block_ids"]
+
+
+def kvswap_ops() -> list[str]:
+    return sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("kvswap::"))
+
+
+def takes_tensors(qualname: str) -> bool:
+    ns, name = qualname.split("::")
+    schema = getattr(getattr(torch.ops, ns), name).default._schema
+    return any("Tensor" in str(a.type) for a in schema.arguments)
+
+
+def test_public_ops_are_registered():
+    assert set(PUBLIC) <= set(kvswap_ops())
+
+
+@pytest.mark.parametrize("qualname", kvswap_ops())
+def test_every_op_taking_tensors_has_a_fake_kernel(qualname):
+    if not takes_tensors(qualname):
+        pytest.skip(f"{qualname} takes no tensors; nothing to trace")
+    assert simple_registry.find(qualname).fake_impl.kernel is not None, qualname
+
+
+def test_pointer_op_is_an_ordered_side_effect():
+    assert _get_effect(torch.ops.kvswap.swap_blocks_batch.default) == _EffectType.ORDERED
+
+
+def test_tensor_op_declares_its_destinations_mutated_and_nothing_else():
+    schema = torch.ops.kvswap.swap_blocks.default._schema
+    mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    assert mutated == ["dst_caches"]
+    assert _get_effect(torch.ops.kvswap.swap_blocks.default) is None
+
+
+def test_pointer_op_marks_no_argument_mutated():
+    # It only reads the descriptor tensors; the memory it writes is not an argument.
+    schema = torch.ops.kvswap.swap_blocks_batch.default._schema
+    assert all(a.alias_info is None for a in schema.arguments)
+
+
+@pytest.mark.parametrize("qualname", ["kvswap::swap_blocks", "kvswap::swap_blocks_batch",
+                                      "kvswap::expand_block_ids", "kvswap::_submit"])
+def test_host_kernels_are_registered(qualname):
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CPU")
+
+
+def test_engines_report_what_loaded():
+    assert set(torch_kvswap.ENGINES) == {"cuda", "npu"}
+    assert all(isinstance(v, bool) for v in torch_kvswap.ENGINES.values())
+
+
+def test_import_without_the_compiled_core_says_how_to_build(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    package = Path(torch_kvswap.__file__).parent
+    copy = tmp_path / "torch_kvswap"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    # Without the editable install's finder, which would find the built copy.
+    script = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+              "if 'editable' not in type(f).__module__.lower() "
+              "and 'editable' not in str(getattr(f, '__name__', '')).lower()]; "
+              "import torch_kvswap")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path,
+                            capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode != 0
+    assert "torch_kvswap._C) is not built" in result.stderr
+    assert "pip install --no-build-isolation" in result.stderr

@@ -1,0 +1,151 @@
+"""kvswap::swap_blocks — the tensor op, on the host engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torch_kvswap
+from reference import swap_blocks_ref
+
+OP = torch.ops.kvswap.swap_blocks.default
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.uint8]
+
+
+def random_cache(shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, shape, generator=g, dtype=dtype)
+
+
+def ids(values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def layouts(num_blocks, dtype, seed):
+    """Cache lists as an offload handler holds them: (name, src list, dst list)."""
+    per_block = (4, 2, 8)  # e.g. block_size, heads, head_dim
+    # One tensor per layer.
+    per_layer = [random_cache((num_blocks, *per_block), dtype, seed + i) for i in range(3)]
+    # A (key, value) pair per layer, flattened to halves.
+    kv = [random_cache((num_blocks, *per_block), dtype, seed + 10 + i) for i in range(4)]
+    # A [2, num_blocks, ...] stacked cache passed as its two halves.
+    stacked = random_cache((2, num_blocks, *per_block), dtype, seed + 20)
+    # A [num_blocks, 2, ...] cache: its halves have a dim-0 stride of two blocks.
+    interleaved = random_cache((num_blocks, 2, *per_block), dtype, seed + 30)
+    return [
+        ("per_layer", per_layer),
+        ("kv_halves", kv),
+        ("stacked", [stacked[0], stacked[1]]),
+        ("interleaved", [interleaved[:, 0], interleaved[:, 1]]),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["per_layer", "kv_halves", "stacked", "interleaved"])
+def test_copies_blocks_between_caches_like_index_copy(dtype, layout):
+    src = dict(layouts(16, dtype, seed=1))[layout]
+    dst = [torch.zeros((32, *t.shape[1:]), dtype=dtype) for t in src]
+    src_ids, dst_ids = ids([3, 0, 15, 7, 8, 9]), ids([31, 1, 2, 3, 20, 21])
+    expected = swap_blocks_ref(src, dst, src_ids, dst_ids)
+    torch_kvswap.swap_blocks(src, dst, src_ids, dst_ids)
+    for got, want in zip(dst, expected):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("layout", ["per_layer", "stacked", "interleaved"])
+def test_writes_into_strided_destinations(layout):
+    dst = dict(layouts(16, torch.float16, seed=2))[layout]
+    src = [random_cache(t.shape, torch.float16, seed=40 + i) for i, t in enumerate(dst)]
+    before = [t.clone() for t in dst]
+    torch_kvswap.swap_blocks(src, dst, ids([1, 2, 3]), ids([9, 4, 0]))
+    for s, d, b in zip(src, dst, before):
+        want = b.clone()
+        want[[9, 4, 0]] = s[[1, 2, 3]]
+        assert torch.equal(d, want)
+
+
+def test_leaves_other_blocks_untouched():
+    src = [random_cache((8, 16), torch.float32, 3)]
+    dst = [torch.full((8, 16), -1.0)]
+    torch_kvswap.swap_blocks(src, dst, ids([2]), ids([5]))
+    mask = torch.ones(8, dtype=torch.bool)
+    mask[5] = False
+    assert torch.equal(dst[0][mask], torch.full((7, 16), -1.0))
+
+
+def test_same_cache_copy_between_distinct_blocks():
+    cache = random_cache((10, 4), torch.float32, 4)
+    want = cache.clone()
+    want[[7, 8]] = cache[[1, 2]]
+    torch_kvswap.swap_blocks([cache], [cache], ids([1, 2]), ids([7, 8]))
+    assert torch.equal(cache, want)
+
+
+def test_empty_id_lists_copy_nothing():
+    src, dst = [torch.ones(4, 4)], [torch.zeros(4, 4)]
+    torch_kvswap.swap_blocks(src, dst, ids([]), ids([]))
+    assert torch.equal(dst[0], torch.zeros(4, 4))
+
+
+def test_empty_cache_lists_are_a_no_op():
+    torch_kvswap.swap_blocks([], [], ids([0, 1]), ids([1, 0]))
+
+
+def test_non_contiguous_id_tensors():
+    src, dst = [random_cache((8, 4), torch.float32, 5)], [torch.zeros(8, 4)]
+    table = ids([[1, 6], [2, 7], [3, 0]])
+    torch_kvswap.swap_blocks(src, dst, table[:, 0], table[:, 1])
+    assert torch.equal(dst[0], swap_blocks_ref(src, [torch.zeros(8, 4)], ids([1, 2, 3]), ids([6, 7, 0]))[0])
+
+
+def plan(src, dst, src_ids, dst_ids):
+    return [t.tolist() for t in torch.ops.kvswap._plan_swap_blocks(src, dst, src_ids, dst_ids)]
+
+
+def test_runs_of_consecutive_blocks_become_one_descriptor():
+    src, dst = torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 32, dtype=torch.uint8)
+    s, d = src.data_ptr(), dst.data_ptr()
+    got = plan([src], [dst], ids([4, 5, 6, 9, 10]), ids([0, 1, 2, 3, 7]))
+    # [4,5,6]->[0,1,2] is one run; 9->3 and 10->7 are not consecutive on the destination.
+    assert got == [[s + 4 * 32, s + 9 * 32, s + 10 * 32], [d, d + 3 * 32, d + 7 * 32], [96, 32, 32]]
+
+
+def test_strided_caches_get_one_descriptor_per_block():
+    stacked = torch.zeros(8, 2, 16, dtype=torch.uint8)  # halves have a 32-byte dim-0 stride
+    dst = torch.zeros(8, 16, dtype=torch.uint8)
+    got = plan([stacked[:, 1]], [dst], ids([0, 1]), ids([0, 1]))
+    base = stacked.data_ptr() + 16
+    assert got == [[base, base + 32], [dst.data_ptr(), dst.data_ptr() + 16], [16, 16]]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    data=st.data(),
+    dtype=st.sampled_from(DTYPES),
+    num_src=st.integers(1, 12),
+    num_dst=st.integers(1, 12),
+    tail=st.lists(st.integers(1, 3), min_size=0, max_size=2),
+    pairs=st.integers(1, 3),
+)
+def test_matches_index_copy_reference(data, dtype, num_src, num_dst, tail, pairs):
+    src = [random_cache((num_src, *tail), dtype, seed=i) for i in range(pairs)]
+    dst = [random_cache((num_dst, *tail), dtype, seed=100 + i) for i in range(pairs)]
+    n = data.draw(st.integers(0, min(num_src, num_dst)))
+    dst_ids = data.draw(st.permutations(range(num_dst)))[:n]
+    src_ids = data.draw(st.lists(st.integers(0, num_src - 1), min_size=n, max_size=n))
+    expected = swap_blocks_ref(src, dst, src_ids, dst_ids)
+    OP(src, dst, ids(src_ids), ids(list(dst_ids)))
+    for got, want in zip(dst, expected):
+        assert torch.equal(got, want)
+
+
+def test_opcheck():
+    src = [random_cache((6, 2, 4), torch.bfloat16, 7), random_cache((6, 2, 4), torch.bfloat16, 8)]
+    dst = [torch.zeros(9, 2, 4, dtype=torch.bfloat16), torch.zeros(9, 2, 4, dtype=torch.bfloat16)]
+    results = torch.library.opcheck(OP, (src, dst, ids([0, 5, 2]), ids([8, 1, 3])))
+    assert set(results.values()) == {"SUCCESS"}, results

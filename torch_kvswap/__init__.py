@@ -1,0 +1,32 @@
+"""torch_kvswap: batched KV-cache block copies between accelerator and host memory.
+
+Operators (namespace ``kvswap``), also as typed wrappers here:
+
+* :func:`swap_blocks_batch` — copies from arrays of raw addresses and byte
+  counts; the drop-in for offload handlers built around raw pointers.
+* :func:`swap_blocks` — the same copy from cache tensors and block ids; safe
+  inside ``torch.compile`` graphs.
+* :func:`expand_block_ids` — host block ids to device sub-block ids.
+
+:class:`KVCacheOffloader` owns host mirrors, streams and events around them.
+
+Importing the package loads the compiled core (with the host engine) and every
+accelerator engine that was built.
+"""
+
+from __future__ import annotations
+
+import torch  # noqa: F401 - the extensions need libtorch loaded first
+
+from . import _loader
+
+_loader.load_core()
+ENGINES = _loader.load_engines()
+
+from . import _fake  # noqa: E402,F401 - registers fake kernels and effects
+from .ops import Direction, expand_block_ids, swap_blocks, swap_blocks_batch  # noqa: E402
+from .handler import DeviceBlocks, HostBlocks, KVCacheOffloader, TransferResult  # noqa: E402
+
+__all__ = ["DeviceBlocks", "Direction", "ENGINES", "HostBlocks", "KVCacheOffloader",
+           "TransferResult", "expand_block_ids", "swap_blocks", "swap_blocks_batch"]
+__version__ = "0.1.0"

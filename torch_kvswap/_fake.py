@@ -1,0 +1,115 @@
+"""Fake (meta) kernels of every ``kvswap`` operator, and their side effects.
+
+This is the one place where torch.compile learns what each op does to shapes
+and to memory. The checks mirror the C++ core's with ``torch._check`` so that
+a malformed call fails at trace time as it would in eager mode.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_ORDERED_EFFECT_OPS = ("kvswap::swap_blocks_batch",)
+
+
+def _check_descriptor(t: torch.Tensor, name: str, n) -> None:
+    torch._check(t.dtype == torch.int64, lambda: f"{name} must be int64, got {t.dtype}")
+    torch._check(t.dim() == 1, lambda: f"{name} must be 1-D, got {t.dim()}-D")
+    torch._check(t.device.type == "cpu", lambda: f"{name} must be a CPU tensor, got {t.device}")
+    torch._check(t.shape[0] == n, lambda: f"{name} must have the same length as src_ptrs")
+
+
+@torch.library.register_fake("kvswap::swap_blocks_batch")
+def _swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
+    torch._check(direction in (0, 1, 2), lambda: f"direction must be 0, 1 or 2, got {direction}")
+    _check_descriptor(src_ptrs, "src_ptrs", src_ptrs.shape[0] if src_ptrs.dim() == 1 else -1)
+    _check_descriptor(dst_ptrs, "dst_ptrs", src_ptrs.shape[0])
+    _check_descriptor(sizes, "sizes", src_ptrs.shape[0])
+
+
+def _check_one_device(caches, name: str) -> None:
+    for i, t in enumerate(caches):
+        torch._check(t.device == caches[0].device,
+                     lambda: f"{name}[{i}] is on {t.device} but {name}[0] is on "
+                             f"{caches[0].device}; all tensors of one list share a device")
+
+
+@torch.library.register_fake("kvswap::swap_blocks")
+def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
+    torch._check(len(src_caches) == len(dst_caches),
+                 lambda: f"src_caches has {len(src_caches)} tensors but dst_caches has "
+                         f"{len(dst_caches)}")
+    _check_one_device(src_caches, "src_caches")
+    _check_one_device(dst_caches, "dst_caches")
+    for i, (s, d) in enumerate(zip(src_caches, dst_caches)):
+        torch._check(s.dtype == d.dtype,
+                     lambda: f"src_caches[{i}] is {s.dtype} but dst_caches[{i}] is {d.dtype}")
+        torch._check(s.dim() >= 1 and d.dim() >= 1,
+                     lambda: f"src_caches[{i}] and dst_caches[{i}] need a block dimension")
+        torch._check(s[0].numel() == d[0].numel(),
+                     lambda: f"src_caches[{i}] and dst_caches[{i}] differ in bytes per block")
+    for name, ids in (("src_block_ids", src_block_ids), ("dst_block_ids", dst_block_ids)):
+        torch._check(ids.dtype == torch.int64, lambda: f"{name} must be int64, got {ids.dtype}")
+        torch._check(ids.dim() == 1, lambda: f"{name} must be 1-D")
+    torch._check(src_block_ids.shape[0] == dst_block_ids.shape[0],
+                 lambda: "src_block_ids and dst_block_ids must have the same length")
+
+
+@torch.library.register_fake("kvswap::expand_block_ids")
+def _expand_block_ids_fake(block_ids, block_size_factor, skip_count=0):
+    torch._check(block_ids.dtype == torch.int64,
+                 lambda: f"block_ids must be int64, got {block_ids.dtype}")
+    torch._check(block_ids.dim() == 1, lambda: f"block_ids must be 1-D, got {block_ids.dim()}-D")
+    torch._check(block_size_factor >= 1,
+                 lambda: f"block_size_factor must be >= 1, got {block_size_factor}")
+    torch._check(0 <= skip_count < block_size_factor,
+                 lambda: f"skip_count must be in [0, {block_size_factor}), got {skip_count}")
+    n = block_ids.shape[0]
+    # skip_count < f, so n*f - skip_count is negative only for n == 0.
+    length = torch.sym_max(n * block_size_factor - skip_count, 0)
+    return block_ids.new_empty((length,))
+
+
+@torch.library.register_fake("kvswap::_submit")
+def _submit_fake(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device):
+    return None
+
+
+@torch.library.register_fake("kvswap::_host_register")
+def _host_register_fake(buffer, device, pin):
+    return None
+
+
+def _plan_fake():
+    # The number of descriptors after merging depends on the ids' values.
+    ctx = torch.library.get_ctx()
+    n = ctx.new_dynamic_size()
+    return tuple(torch.empty((n,), dtype=torch.int64) for _ in range(3))
+
+
+@torch.library.register_fake("kvswap::_plan_swap_blocks")
+def _plan_swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
+    return _plan_fake()
+
+
+@torch.library.register_fake("kvswap::_plan_swap_blocks_batch")
+def _plan_swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
+    return _plan_fake()
+
+
+def _register_ordered_effect(qualname: str) -> None:
+    """Marks an op as an ordered side effect for torch.compile (any torch >= 2.6)."""
+    from torch._higher_order_ops.effects import _EffectType
+
+    op = getattr(getattr(torch.ops, qualname.split("::")[0]), qualname.split("::")[1]).default
+    register = getattr(torch.library, "_register_effectful_op", None)
+    if register is not None:  # torch >= 2.10
+        register(op, _EffectType.ORDERED)
+        return
+    from torch._higher_order_ops import effects  # older releases keep a plain table
+
+    effects.SIDE_EFFECTS[op] = _EffectType.ORDERED
+
+
+for _qualname in _ORDERED_EFFECT_OPS:
+    _register_ordered_effect(_qualname)
