@@ -4,11 +4,17 @@
 // dispatch key through `kvswap::_submit` (see kvswap.h).
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <c10/util/llvmMathExtras.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -19,6 +25,8 @@ namespace kvswap {
 namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+// Descriptor tables at least this long are written by several threads.
+constexpr int64_t kParallelBuildThreshold = 32768;
 
 // ---------------------------------------------------------------------------
 // Engines
@@ -52,6 +60,61 @@ const char* engine_hint(c10::DeviceType type) {
   }
 }
 
+// Descriptor tables are recycled: a table is taken from this pool and goes
+// back when its last reference drops (the engine holds one until the copy no
+// longer needs it). Reuse keeps the hot path free of fresh page faults, which
+// cost more than building the descriptors, and of per-call allocations while
+// a stream is captured into a graph.
+class TablePool {
+ public:
+  static TablePool& instance() {
+    static TablePool* pool = new TablePool();  // process lifetime; deleters may run late
+    return *pool;
+  }
+
+  at::Tensor acquire(int64_t capacity) {
+    // Round up so nearby sizes share buffers.
+    const size_t want = std::max<size_t>(4096, c10::llvm::PowerOf2Ceil(static_cast<uint64_t>(capacity)));
+    void* data = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(want);
+      if (it != free_.end() && !it->second.empty()) {
+        data = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= bytes_for(want);
+      }
+    }
+    if (data == nullptr) {
+      data = std::aligned_alloc(64, bytes_for(want));
+      TORCH_CHECK(data != nullptr, "kvswap: out of host memory for ", capacity, " descriptors");
+    }
+    return at::from_blob(
+        data, {3, capacity}, [this, want](void* p) { release(p, want); },
+        at::TensorOptions().dtype(at::kLong));
+  }
+
+ private:
+  static size_t bytes_for(size_t entries) { return 3 * entries * sizeof(int64_t); }
+
+  void release(void* p, size_t entries) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cached_bytes_ + bytes_for(entries) <= kMaxCachedBytes) {
+        free_[entries].push_back(p);
+        cached_bytes_ += bytes_for(entries);
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  static constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+  std::mutex mutex_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t cached_bytes_ = 0;
+};
+
 // Descriptors in the layout `_submit` takes: one [3, n] int64 CPU tensor whose
 // rows are the source addresses, destination addresses and byte counts.
 struct Descriptors {
@@ -59,7 +122,7 @@ struct Descriptors {
   int64_t count = 0;
   int64_t total_bytes = 0;
 
-  explicit Descriptors(int64_t capacity) : table(at::empty({3, capacity}, at::kLong)) {}
+  explicit Descriptors(int64_t capacity) : table(TablePool::instance().acquire(capacity)) {}
   int64_t* src() { return table.data_ptr<int64_t>(); }
   int64_t* dst() { return src() + table.size(1); }
   int64_t* size() { return dst() + table.size(1); }
@@ -353,40 +416,50 @@ Descriptors build_block_descriptors(const std::vector<PairLayout>& pairs, const 
   const int64_t runs = static_cast<int64_t>(run_start.size());
   run_start.push_back(n);
 
-  int64_t capacity = 0;
-  for (const auto& p : pairs) {
-    if (p.block_bytes == 0) continue;
+  // Each pair's descriptors go to their own slice of the table, so the pairs
+  // can be written in parallel when there are many.
+  std::vector<int64_t> start(pairs.size() + 1, 0);
+  for (const auto i : c10::irange(pairs.size())) {
+    const auto& p = pairs[i];
     const bool dense = p.src.stride == p.block_bytes && p.dst.stride == p.block_bytes;
-    capacity += dense ? runs : n;
+    start[i + 1] = start[i] + (p.block_bytes == 0 ? 0 : dense ? runs : n);
   }
-  Descriptors out(capacity);
+  Descriptors out(start.back());
   int64_t* osrc = out.src();
   int64_t* odst = out.dst();
   int64_t* osize = out.size();
-  int64_t m = 0;
-  int64_t total = 0;
-  for (const auto& p : pairs) {
+  auto emit = [&](int64_t i) {
+    const auto& p = pairs[static_cast<size_t>(i)];
     const int64_t bb = p.block_bytes;
-    if (bb == 0) continue;
-    if (p.src.stride == bb && p.dst.stride == bb) {
-      for (const auto r : c10::irange(runs)) {
-        const int64_t j = run_start[r];
-        osrc[m] = p.src.base + sid[j] * bb;
-        odst[m] = p.dst.base + did[j] * bb;
-        osize[m] = (run_start[r + 1] - j) * bb;
-        ++m;
-      }
-    } else {
+    int64_t* s = osrc + start[i];
+    int64_t* d = odst + start[i];
+    int64_t* z = osize + start[i];
+    if (start[i + 1] - start[i] == n) {  // one descriptor per block
       for (const auto j : c10::irange(n)) {
-        osrc[m + j] = p.src.base + sid[j] * p.src.stride;
-        odst[m + j] = p.dst.base + did[j] * p.dst.stride;
-        osize[m + j] = bb;
+        s[j] = p.src.base + sid[j] * p.src.stride;
+        d[j] = p.dst.base + did[j] * p.dst.stride;
+        z[j] = bb;
       }
-      m += n;
+    } else {  // dense on both sides: one descriptor per run
+      for (const auto r : c10::irange(start[i + 1] - start[i])) {
+        const int64_t j = run_start[r];
+        s[r] = p.src.base + sid[j] * bb;
+        d[r] = p.dst.base + did[j] * bb;
+        z[r] = (run_start[r + 1] - j) * bb;
+      }
     }
-    total += n * bb;
+  };
+  const int64_t num_pairs = static_cast<int64_t>(pairs.size());
+  if (out.table.size(1) >= kParallelBuildThreshold && num_pairs > 1) {
+    at::parallel_for(0, num_pairs, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) emit(i);
+    });
+  } else {
+    for (int64_t i = 0; i < num_pairs; ++i) emit(i);
   }
-  out.count = m;
+  int64_t total = 0;
+  for (const auto& p : pairs) total += n * p.block_bytes;
+  out.count = start.back();
   out.total_bytes = total;
   return out;
 }

@@ -12,7 +12,10 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <string>
 #include <vector>
+
+#include <immintrin.h>
 
 #include <unistd.h>
 
@@ -112,25 +115,121 @@ class HostCopyPool {
 // more than it saves.
 constexpr int64_t kParallelThreshold = int64_t{1} << 20;
 
-// Copies bytes [begin, end) of the batch, counted across all descriptors in
-// order. Splitting by bytes rather than by descriptor keeps the threads
-// equally loaded whatever the mix of sizes.
-void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t bytes) {
+// How bytes are moved. Selected once from KVSWAP_HOST_COPY (for measuring the
+// alternatives; docs/performance.md has the numbers): `auto` (default) picks
+// `stream` where AVX2 is available for batches larger than the last-level
+// cache, else `prefetch`.
+enum class CopyMode { kAuto, kParallelFor, kMemcpy, kPrefetch, kStream };
+
+CopyMode configured_mode() {
+  static const CopyMode mode = [] {
+    const char* env = std::getenv("KVSWAP_HOST_COPY");
+    const std::string v = env ? env : "auto";
+    if (v == "parallel_for") return CopyMode::kParallelFor;
+    if (v == "memcpy") return CopyMode::kMemcpy;
+    if (v == "prefetch") return CopyMode::kPrefetch;
+    if (v == "stream") return CopyMode::kStream;
+    return CopyMode::kAuto;
+  }();
+  return mode;
+}
+
+// Batches larger than this do not stay in cache, so writing around the cache
+// (non-temporal stores) saves reading every destination line first.
+constexpr int64_t kStreamThreshold = int64_t{16} << 20;
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// Prefetches the first bytes of the next source block: the hardware
+// prefetcher does not cross into a scattered block by itself, so each small
+// block would otherwise start with a run of demand misses.
+inline void prefetch_block(int64_t address, int64_t bytes) {
+  const char* p = static_cast<const char*>(as_ptr(address));
+  const int64_t n = std::min<int64_t>(bytes, 4096);
+  for (int64_t off = 0; off < n; off += 64) {
+    __builtin_prefetch(p + off, 0, 3);
+  }
+}
+
+static const int64_t kPrefetchAhead = std::getenv("KVSWAP_PF") ? std::atoi(std::getenv("KVSWAP_PF")) : 2;
+
+// memcpy with non-temporal 32-byte stores for the aligned middle part.
+__attribute__((target("avx2"))) void copy_stream(char* d, const char* s, size_t n) {
+  const size_t head = std::min(n, static_cast<size_t>((32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31));
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  for (; n >= 128; n -= 128, d += 128, s += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 64));
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), e);
+  }
+  std::memcpy(d, s, n);
+}
+
+// Copies bytes [offset, offset + bytes) of the batch, counted across all
+// descriptors from descriptor `first` on. Splitting by bytes rather than by
+// descriptor keeps the threads equally loaded whatever the mix of sizes.
+void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t bytes,
+                     CopyMode mode) {
   for (int64_t i = first; bytes > 0; ++i) {
     const int64_t n = std::min(b.size[i] - offset, bytes);
-    std::memcpy(as_ptr(b.dst[i] + offset), as_ptr(b.src[i] + offset), static_cast<size_t>(n));
+    char* d = static_cast<char*>(as_ptr(b.dst[i] + offset));
+    const char* s = static_cast<const char*>(as_ptr(b.src[i] + offset));
+    if (mode != CopyMode::kMemcpy) {
+      // Look kPrefetchAhead descriptors ahead, within this part's bytes.
+      int64_t ahead = bytes - n;
+      for (int64_t k = 1; k <= kPrefetchAhead && ahead > 0; ++k) {
+        if (k == kPrefetchAhead) prefetch_block(b.src[i + k], std::min(b.size[i + k], ahead));
+        ahead -= b.size[i + k];
+      }
+    }
+    if (mode == CopyMode::kStream) {
+      copy_stream(d, s, static_cast<size_t>(n));
+    } else {
+      std::memcpy(d, s, static_cast<size_t>(n));
+    }
     bytes -= n;
     offset = 0;
+  }
+  if (mode == CopyMode::kStream) {
+    _mm_sfence();  // make the streamed stores visible before the part ends
   }
 }
 
 void copy_batch(const CopyBatch& b) {
+  CopyMode mode = configured_mode();
+  if (mode == CopyMode::kParallelFor) {
+    // The textbook loop, kept as the measured baseline: one descriptor per
+    // iteration, split by count.
+    at::parallel_for(0, b.count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        std::memcpy(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]));
+      }
+    });
+    return;
+  }
+  if (mode == CopyMode::kAuto) {
+    mode = (cpu_has_avx2() && b.total_bytes >= kStreamThreshold) ? CopyMode::kStream
+                                                                  : CopyMode::kPrefetch;
+  } else if (mode == CopyMode::kStream && !cpu_has_avx2()) {
+    mode = CopyMode::kPrefetch;
+  }
   auto& pool = HostCopyPool::instance();
   const int parts =
       b.total_bytes < kParallelThreshold ? 1 : static_cast<int>(std::min<int64_t>(
                                                    pool.threads(), b.total_bytes / (kParallelThreshold / 2)));
   if (parts <= 1) {
-    copy_byte_range(b, 0, 0, b.total_bytes);
+    copy_byte_range(b, 0, 0, b.total_bytes, mode);
     return;
   }
   // Where each part starts: (descriptor, offset into it).
@@ -147,7 +246,7 @@ void copy_batch(const CopyBatch& b) {
     offset[p] = begin - consumed;
     share[p] = end - begin;
   }
-  pool.run(parts, [&](int p) { copy_byte_range(b, first[p], offset[p], share[p]); });
+  pool.run(parts, [&](int p) { copy_byte_range(b, first[p], offset[p], share[p], mode); });
 }
 
 void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,

@@ -1,0 +1,310 @@
+"""Benchmark CLI: ``python -m torch_kvswap.bench``.
+
+Measures, on the present device, the GB/s of scattered block copies per
+method and block size, and the ratio of each to a contiguous copy of the same
+bytes measured in the same run (the limit). Methods:
+
+* ``contiguous`` — one ``copy_`` of all the bytes at once (the limit);
+* ``kvswap_ptr`` — ``kvswap::swap_blocks_batch`` on prebuilt descriptors;
+* ``kvswap_tensor`` — ``kvswap::swap_blocks`` on cache tensors and ids;
+* ``copy_loop`` — a per-block ``copy_`` loop in Python;
+* ``index`` — ``index_select`` + ``index_copy_`` per cache tensor.
+
+Source and destination block ids are random permutations, so blocks are
+scattered on both sides. Repetitions interleave the methods, so drift on a
+shared machine hits them all alike; the median time is reported.
+
+``--overhead`` also measures the host-side cost of building descriptors (a dry
+run that moves no bytes), per descriptor and per call.
+
+Writes a table to stdout, and optionally JSON (``--json``) and a PNG plot of
+GB/s against block size (``--plot``, needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+import torch_kvswap
+
+METHODS = ["contiguous", "kvswap_ptr", "kvswap_tensor", "copy_loop", "index"]
+
+
+@dataclass
+class Row:
+    block_kib: float
+    method: str
+    gbps: float
+    ratio_to_contiguous: float
+    seconds_median: float
+    seconds_all: list[float] = field(default_factory=list)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--block-kib", type=float, nargs="+", default=[2, 4, 8, 16, 32, 64, 128, 256],
+                   help="bytes per block per cache tensor, in KiB")
+    p.add_argument("--total-mib", type=float, default=256, help="bytes moved per block size")
+    p.add_argument("--layers", type=int, default=4, help="layers; each has a K and a V tensor")
+    p.add_argument("--dtype", default="bfloat16",
+                   choices=["bfloat16", "float16", "float32", "int8", "uint8"])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    p.add_argument("--direction", default="d2h", choices=["d2h", "h2d"],
+                   help="on an accelerator: device->host or host->device (ignored on the CPU)")
+    p.add_argument("--device", default=None, help="default: the current accelerator, else cpu")
+    p.add_argument("--overhead", action="store_true", help="also measure the host-side cost")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Timer:
+    """Times one call. Before each, it reads a buffer larger than the last-level
+    cache, so that dirty lines left by the previous method are written back
+    outside the timed region (otherwise whichever method runs after a
+    cache-filling one pays for its write-backs)."""
+
+    def __init__(self, device: torch.device, scrub_mib: int = 96) -> None:
+        self.device = device
+        self._scrub = torch.ones(scrub_mib * 2**20 // 8, dtype=torch.int64) if scrub_mib else None
+
+    def sync(self) -> None:
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize()
+
+    def __call__(self, fn) -> float:
+        self.sync()
+        if self._scrub is not None:
+            self._scrub.sum()
+        t0 = time.perf_counter()
+        fn()
+        self.sync()
+        return time.perf_counter() - t0
+
+
+def make_case(block_bytes: int, args, device: torch.device, rng: np.random.Generator):
+    dtype = getattr(torch, args.dtype)
+    elems = block_bytes // dtype.itemsize
+    tensors = 2 * args.layers
+    n = max(1, int(args.total_mib * 2**20) // (block_bytes * tensors))
+    host_kw = {"pin_memory": device.type != "cpu"}
+    dev_is_src = args.direction == "d2h"
+
+    def cache(blocks, on_device):
+        if on_device:
+            return torch.ones(blocks, elems, dtype=dtype, device=device)
+        return torch.ones(blocks, elems, dtype=dtype, **host_kw)
+
+    # The source cache is twice the moved blocks, so ids are a sample of it.
+    src = [cache(2 * n, dev_is_src or device.type == "cpu") for _ in range(tensors)]
+    dst = [cache(n, (not dev_is_src) and device.type != "cpu") for _ in range(tensors)]
+    sid = torch.from_numpy(rng.permutation(2 * n)[:n].astype(np.int64))
+    did = torch.from_numpy(rng.permutation(n).astype(np.int64))
+    total = n * tensors * block_bytes
+    flat_src = torch.ones(total, dtype=torch.uint8, device=src[0].device,
+                          pin_memory=host_kw["pin_memory"] and src[0].device.type == "cpu")
+    flat_dst = torch.ones(total, dtype=torch.uint8, device=dst[0].device,
+                          pin_memory=host_kw["pin_memory"] and dst[0].device.type == "cpu")
+    # Descriptors as the reference handler builds them (numpy broadcasting).
+    sbase = np.array([t.data_ptr() for t in src], dtype=np.int64)[:, None]
+    dbase = np.array([t.data_ptr() for t in dst], dtype=np.int64)[:, None]
+    sp = torch.from_numpy((sbase + sid.numpy()[None, :] * block_bytes).ravel())
+    dp = torch.from_numpy((dbase + did.numpy()[None, :] * block_bytes).ravel())
+    sz = torch.full((sp.numel(),), block_bytes, dtype=torch.int64)
+    direction = int(torch_kvswap.Direction.DEVICE_TO_HOST if dev_is_src else torch_kvswap.Direction.HOST_TO_DEVICE)
+    sid_list, did_list = sid.tolist(), did.tolist()
+
+    def copy_loop():
+        for s, d in zip(src, dst):
+            for a, b in zip(sid_list, did_list):
+                d[b].copy_(s[a], non_blocking=True)
+
+    def index():
+        s_idx = sid.to(src[0].device)
+        d_idx = did.to(dst[0].device)
+        for s, d in zip(src, dst):
+            d.index_copy_(0, d_idx, s.index_select(0, s_idx).to(d.device, non_blocking=True))
+
+    fns = {
+        "contiguous": lambda: flat_dst.copy_(flat_src, non_blocking=True),
+        "kvswap_ptr": lambda: torch.ops.kvswap.swap_blocks_batch(sp, dp, sz, direction),
+        "kvswap_tensor": lambda: torch.ops.kvswap.swap_blocks(src, dst, sid, did),
+        "copy_loop": copy_loop,
+        "index": index,
+    }
+    return total, fns, (src, dst, sid, did)
+
+
+def check_case(case) -> None:
+    src, dst, sid, did = case
+    for s, d in zip(src, dst):
+        s.copy_(torch.randint(-100, 100, s.shape).to(s.dtype))
+    torch.ops.kvswap.swap_blocks(src, dst, sid, did)
+    if src[0].device.type != "cpu" or dst[0].device.type != "cpu":
+        torch.accelerator.synchronize()
+    for s, d in zip(src, dst):
+        if not torch.equal(d.cpu()[did], s.cpu()[sid]):
+            raise AssertionError("kvswap_tensor copied the wrong bytes")
+
+
+def run_sizes(args, device: torch.device) -> list[Row]:
+    rng = np.random.default_rng(args.seed)
+    timer = Timer(device)
+    rows: list[Row] = []
+    methods = ["contiguous"] + [m for m in args.methods if m != "contiguous"]
+    for k, kib in enumerate(args.block_kib, 1):
+        block_bytes = int(kib * 1024)
+        total, fns, case = make_case(block_bytes, args, device, rng)
+        check_case(case)
+        progress(f"[{k}/{len(args.block_kib)}] {kib:g} KiB blocks: {total / 2**20:.0f} MiB in "
+                 f"{total // (block_bytes * 2 * args.layers)} blocks x {2 * args.layers} tensors, "
+                 f"{args.repeats} repeats")
+        times: dict[str, list[float]] = {m: [] for m in methods}
+        for m in methods:
+            timer(fns[m])  # warm-up: first touch, allocator, caches
+        for r in range(args.repeats):
+            # Rotate the order too, so no method always follows the same one.
+            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+                times[m].append(timer(fns[m]))
+        limit = total / statistics.median(times["contiguous"])
+        for m in methods:
+            med = statistics.median(times[m])
+            rows.append(Row(kib, m, total / med / 1e9, (total / med) / limit, med, times[m]))
+        del fns, case
+    return rows
+
+
+def measure_overhead(args) -> dict:
+    """Host-side cost: the dry run builds and merges descriptors, moving nothing."""
+    timer = Timer(torch.device("cpu"), scrub_mib=0)  # host-side cost is measured warm
+    rng = np.random.default_rng(args.seed)
+    out = {}
+    tensors = 64  # 32 layers x (K, V)
+    per_call = []
+    for blocks in (1, 2048, 8192):
+        caches = [torch.empty(4 * blocks, 16, dtype=torch.uint8) for _ in range(tensors)]
+        hosts = [torch.empty(4 * blocks, 16, dtype=torch.uint8) for _ in range(tensors)]
+        sid = torch.from_numpy(rng.permutation(4 * blocks)[:blocks].astype(np.int64))
+        did = torch.from_numpy(rng.permutation(4 * blocks)[:blocks].astype(np.int64))
+        plan = lambda: torch.ops.kvswap._plan_swap_blocks(caches, hosts, sid, did)  # noqa: E731
+        for _ in range(3):
+            timer(plan)
+        t = statistics.median(timer(plan) for _ in range(21))
+        per_call.append((blocks * tensors, t))
+        # The reference handler's numpy descriptor build, for comparison.
+        sb = np.array([c.data_ptr() for c in caches], dtype=np.int64)[:, None]
+        db = np.array([c.data_ptr() for c in hosts], dtype=np.int64)[:, None]
+        bsz = np.full((tensors, 1), 16, dtype=np.int64)
+
+        def numpy_build():
+            a = (sb + sid.numpy()[None, :] * bsz).ravel()
+            b = (db + did.numpy()[None, :] * bsz).ravel()
+            c = np.broadcast_to(bsz, (tensors, blocks)).ravel().copy()
+            return torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c)
+
+        t_np = statistics.median(timer(numpy_build) for _ in range(21))
+        out[f"plan_{blocks * tensors}_descriptors_us"] = t * 1e6
+        out[f"numpy_build_{blocks * tensors}_descriptors_us"] = t_np * 1e6
+    (n0, t0), (n1, t1), (n2, t2) = per_call
+    out["per_descriptor_ns"] = (t2 - t1) / (n2 - n1) * 1e9
+    # Fixed cost of a whole eager call from Python: one 1-byte block.
+    src, dst = [torch.zeros(4, 1, dtype=torch.uint8)], [torch.zeros(4, 1, dtype=torch.uint8)]
+    one, two = torch.tensor([1]), torch.tensor([2])
+    call = lambda: torch.ops.kvswap.swap_blocks.default(src, dst, one, two)  # noqa: E731
+    for _ in range(100):
+        call()
+    t = statistics.median(timer(call) for _ in range(2001))
+    out["fixed_cost_per_call_us"] = t * 1e6
+    sp, dp, sz = torch.tensor([src[0].data_ptr()]), torch.tensor([dst[0].data_ptr()]), torch.tensor([1])
+    call_ptr = lambda: torch.ops.kvswap.swap_blocks_batch.default(sp, dp, sz, 0)  # noqa: E731
+    t = statistics.median(timer(call_ptr) for _ in range(2001))
+    out["fixed_cost_per_pointer_call_us"] = t * 1e6
+    return out
+
+
+def print_table(rows: list[Row]) -> None:
+    methods = list(dict.fromkeys(r.method for r in rows))
+    sizes = list(dict.fromkeys(r.block_kib for r in rows))
+    by = {(r.block_kib, r.method): r for r in rows}
+    head = "| block | " + " | ".join(f"{m} GB/s (×limit)" for m in methods) + " |"
+    print(head)
+    print("|---" * (len(methods) + 1) + "|")
+    for s in sizes:
+        cells = [f"{by[s, m].gbps:.2f} ({by[s, m].ratio_to_contiguous:.2f})" for m in methods]
+        print(f"| {s:g} KiB | " + " | ".join(cells) + " |")
+
+
+def plot(rows: list[Row], path: str, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress("matplotlib is not installed; skipping the plot (pip install matplotlib)")
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for m in dict.fromkeys(r.method for r in rows):
+        pts = [(r.block_kib, r.gbps) for r in rows if r.method == m]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (KiB)")
+    ax.set_ylabel("GB/s")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.device:
+        device = torch.device(args.device)
+    else:
+        device = torch.accelerator.current_accelerator() or torch.device("cpu")
+    env = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "layers": args.layers,
+        "dtype": args.dtype,
+        "total_mib": args.total_mib,
+        "repeats": args.repeats,
+        "direction": args.direction if device.type != "cpu" else "host->host",
+    }
+    print(f"torch_kvswap bench on {device}: {json.dumps(env)}")
+    rows = run_sizes(args, device)
+    print_table(rows)
+    result = {"env": env, "rows": [asdict(r) for r in rows]}
+    if args.overhead:
+        result["overhead"] = measure_overhead(args)
+        print("host-side cost:", json.dumps({k: round(v, 3) for k, v in result["overhead"].items()}))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot, f"torch_kvswap on {device} ({env['direction']}, {args.layers} layers)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
