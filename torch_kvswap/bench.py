@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -63,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--direction", default="d2h", choices=["d2h", "h2d"],
                    help="on an accelerator: device->host or host->device (ignored on the CPU)")
     p.add_argument("--device", default=None, help="default: the current accelerator, else cpu")
+    p.add_argument("--host-modes", nargs="*", default=[],
+                   choices=["parallel_for", "memcpy", "prefetch", "stream", "auto"],
+                   help="host engine only: also time kvswap_tensor with each KVSWAP_HOST_COPY mode")
     p.add_argument("--overhead", action="store_true", help="also measure the host-side cost")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
@@ -148,6 +152,14 @@ def make_case(block_bytes: int, args, device: torch.device, rng: np.random.Gener
         "copy_loop": copy_loop,
         "index": index,
     }
+    for mode in args.host_modes:
+        def with_mode(mode=mode):
+            os.environ["KVSWAP_HOST_COPY"] = mode
+            try:
+                torch.ops.kvswap.swap_blocks(src, dst, sid, did)
+            finally:
+                os.environ.pop("KVSWAP_HOST_COPY", None)
+        fns[f"tensor[{mode}]"] = with_mode
     return total, fns, (src, dst, sid, did)
 
 
@@ -168,6 +180,7 @@ def run_sizes(args, device: torch.device) -> list[Row]:
     timer = Timer(device)
     rows: list[Row] = []
     methods = ["contiguous"] + [m for m in args.methods if m != "contiguous"]
+    methods += [f"tensor[{mode}]" for mode in args.host_modes]
     for k, kib in enumerate(args.block_kib, 1):
         block_bytes = int(kib * 1024)
         total, fns, case = make_case(block_bytes, args, device, rng)

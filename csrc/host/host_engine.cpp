@@ -115,23 +115,22 @@ class HostCopyPool {
 // more than it saves.
 constexpr int64_t kParallelThreshold = int64_t{1} << 20;
 
-// How bytes are moved. Selected once from KVSWAP_HOST_COPY (for measuring the
-// alternatives; docs/performance.md has the numbers): `auto` (default) picks
-// `stream` where AVX2 is available for batches larger than the last-level
-// cache, else `prefetch`.
+// How bytes are moved, from KVSWAP_HOST_COPY (read per call, so the benchmark
+// can compare the alternatives in one run; docs/performance.md has the
+// numbers): `auto` (default) picks `stream` where AVX2 is available for
+// batches larger than the last-level cache, else `prefetch`. `parallel_for`
+// and `memcpy` are the measured baselines.
 enum class CopyMode { kAuto, kParallelFor, kMemcpy, kPrefetch, kStream };
 
 CopyMode configured_mode() {
-  static const CopyMode mode = [] {
-    const char* env = std::getenv("KVSWAP_HOST_COPY");
-    const std::string v = env ? env : "auto";
-    if (v == "parallel_for") return CopyMode::kParallelFor;
-    if (v == "memcpy") return CopyMode::kMemcpy;
-    if (v == "prefetch") return CopyMode::kPrefetch;
-    if (v == "stream") return CopyMode::kStream;
-    return CopyMode::kAuto;
-  }();
-  return mode;
+  const char* env = std::getenv("KVSWAP_HOST_COPY");
+  if (env == nullptr) return CopyMode::kAuto;
+  const std::string v = env;
+  if (v == "parallel_for") return CopyMode::kParallelFor;
+  if (v == "memcpy") return CopyMode::kMemcpy;
+  if (v == "prefetch") return CopyMode::kPrefetch;
+  if (v == "stream") return CopyMode::kStream;
+  return CopyMode::kAuto;
 }
 
 // Batches larger than this do not stay in cache, so writing around the cache
@@ -143,18 +142,22 @@ bool cpu_has_avx2() {
   return has;
 }
 
+// Bytes of the next block to prefetch; 16 and 64 KiB measured no better.
+constexpr int64_t kPrefetchBytes = 4096;
+
 // Prefetches the first bytes of the next source block: the hardware
 // prefetcher does not cross into a scattered block by itself, so each small
 // block would otherwise start with a run of demand misses.
 inline void prefetch_block(int64_t address, int64_t bytes) {
   const char* p = static_cast<const char*>(as_ptr(address));
-  const int64_t n = std::min<int64_t>(bytes, 4096);
+  const int64_t n = std::min<int64_t>(bytes, kPrefetchBytes);
   for (int64_t off = 0; off < n; off += 64) {
     __builtin_prefetch(p + off, 0, 3);
   }
 }
 
-static const int64_t kPrefetchAhead = std::getenv("KVSWAP_PF") ? std::atoi(std::getenv("KVSWAP_PF")) : 2;
+// How many descriptors ahead to prefetch; 1 to 4 measured alike.
+constexpr int64_t kPrefetchAhead = 2;
 
 // memcpy with non-temporal 32-byte stores for the aligned middle part.
 __attribute__((target("avx2"))) void copy_stream(char* d, const char* s, size_t n) {

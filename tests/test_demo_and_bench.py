@@ -1,0 +1,28 @@
+"""The demo and the benchmark CLI run end to end on small settings."""
+
+from __future__ import annotations
+
+import json
+
+from torch_kvswap import bench, demo
+
+
+def test_demo_round_trip_succeeds(capsys):
+    assert demo.main(["--layers", "2", "--cache-gib", "0.02", "--jobs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "verified every byte of 2 layers: OK" in out
+    assert "job times from get_finished" in out
+
+
+def test_bench_writes_a_table_and_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert bench.main(["--block-kib", "2", "16", "--total-mib", "4", "--layers", "1",
+                       "--repeats", "2", "--json", str(path), "--host-modes", "memcpy"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 KiB |" in out and "| 16 KiB |" in out
+    data = json.loads(path.read_text())
+    methods = {r["method"] for r in data["rows"]}
+    assert methods == set(bench.METHODS) | {"tensor[memcpy]"}
+    limit = [r for r in data["rows"] if r["method"] == "contiguous"]
+    assert all(r["ratio_to_contiguous"] == 1.0 for r in limit)
+    assert all(r["gbps"] > 0 for r in data["rows"])
