@@ -12,6 +12,7 @@
 #include <c10/util/llvmMathExtras.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -507,8 +508,111 @@ BlockCopyPlan plan_block_copy(at::TensorList src_caches, at::TensorList dst_cach
   return BlockCopyPlan{build_block_descriptors(pairs, sid, did, n), direction, device};
 }
 
+// ---------------------------------------------------------------------------
+// Copy method: DMA descriptors or an engine's copy kernel
+// ---------------------------------------------------------------------------
+
+enum class CopyMethod : int { kAuto = 0, kDma = 1, kKernel = 2 };
+std::atomic<int> g_copy_method{static_cast<int>(CopyMethod::kAuto)};
+
+// Below this many bytes per block, "auto" prefers a copy kernel: batched DMA
+// pays a per-descriptor cost that dominates small blocks (measured upstream
+// on H100: 4-7 GB/s under 28 KiB, 40-52 GB/s above).
+constexpr int64_t kKernelPathMaxBlockBytes = 32 * 1024;
+
+void set_copy_method(c10::string_view method) {
+  CopyMethod m;
+  if (method == "auto") {
+    m = CopyMethod::kAuto;
+  } else if (method == "dma") {
+    m = CopyMethod::kDma;
+  } else if (method == "kernel") {
+    m = CopyMethod::kKernel;
+  } else {
+    TORCH_CHECK_VALUE(false, "method must be 'auto', 'dma' or 'kernel', got '", method, "'");
+  }
+  g_copy_method.store(static_cast<int>(m));
+}
+
+std::string get_copy_method() {
+  switch (static_cast<CopyMethod>(g_copy_method.load())) {
+    case CopyMethod::kDma:
+      return "dma";
+    case CopyMethod::kKernel:
+      return "kernel";
+    default:
+      return "auto";
+  }
+}
+
+const c10::TypedOperatorHandle<void(at::TensorList, at::TensorList, const at::Tensor&,
+                                    const at::Tensor&)>&
+kernel_path_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvswap::_swap_blocks_kernel", "")
+                             .typed<void(at::TensorList, at::TensorList, const at::Tensor&,
+                                         const at::Tensor&)>();
+  return op;
+}
+
+// The accelerator a swap_blocks call copies on, if any.
+std::optional<c10::Device> accelerator_of(at::TensorList src_caches, at::TensorList dst_caches) {
+  for (const auto& list : {src_caches, dst_caches}) {
+    for (const auto& t : list) {
+      if (!t.device().is_cpu()) return t.device();
+    }
+  }
+  return std::nullopt;
+}
+
+bool use_kernel_path(const std::vector<PairLayout>& pairs, c10::Device device) {
+  const auto method = static_cast<CopyMethod>(g_copy_method.load());
+  if (method == CopyMethod::kDma) return false;
+  const bool available = kernel_path_op().hasKernelForDispatchKey(engine_key(device.type()));
+  if (method == CopyMethod::kKernel) {
+    TORCH_CHECK_NOT_IMPLEMENTED(available, "copy method 'kernel' was requested but the engine for ",
+                                device, " has no kernel path; use 'auto' or 'dma'");
+    return true;
+  }
+  int64_t largest = 0;
+  for (const auto& p : pairs) largest = std::max(largest, p.block_bytes);
+  return available && largest < kKernelPathMaxBlockBytes;
+}
+
+void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
+                           const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids,
+                           const std::vector<PairLayout>& pairs, c10::Device device) {
+  // Ids on the host are checked here and moved over; ids already on the
+  // device are not read back (that would synchronize and bake them into a
+  // captured graph): the kernel skips any id out of range instead.
+  auto on_device = [&](const at::Tensor& ids) {
+    return ids.device() == device ? ids.contiguous() : ids.to(device, /*non_blocking=*/false).contiguous();
+  };
+  if (src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) {
+    const auto sid = src_block_ids.contiguous();
+    const auto did = dst_block_ids.contiguous();
+    check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
+  }
+  kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches,
+                              on_device(src_block_ids), on_device(dst_block_ids));
+}
+
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
                  const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+  if (const auto device = accelerator_of(src_caches, dst_caches)) {
+    check_ids_tensor(src_block_ids, "src_block_ids");
+    check_ids_tensor(dst_block_ids, "dst_block_ids");
+    TORCH_CHECK_VALUE(src_block_ids.numel() == dst_block_ids.numel(), "src_block_ids has ",
+                      src_block_ids.numel(), " ids but dst_block_ids has ", dst_block_ids.numel(),
+                      "; they are matched pairwise");
+    const auto pairs = layout_pairs(src_caches, dst_caches);
+    if (use_kernel_path(pairs, *device)) {
+      common_device(src_caches, "src_caches");
+      common_device(dst_caches, "dst_caches");
+      swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, pairs, *device);
+      return;
+    }
+  }
   const auto plan = plan_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
   submit(plan.descriptors, plan.direction, plan.device);
 }
@@ -620,4 +724,6 @@ TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) {
 
 TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
   m.impl("_direction_name", &kvswap::direction_name_op);
+  m.impl("_set_copy_method", &kvswap::set_copy_method);
+  m.impl("_get_copy_method", &kvswap::get_copy_method);
 }

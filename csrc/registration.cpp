@@ -47,6 +47,20 @@ TORCH_LIBRARY(kvswap, m) {
   // mirrors of a KV cache cannot afford. Served by the accelerator engines.
   m.def("_host_register(Tensor buffer, Device device, bool pin) -> ()");
 
+  // Kernel path of swap_blocks, on engines that have one (CUDA): copies with
+  // a kernel that reads the block ids from device memory when it runs, so a
+  // captured graph copies the ids current at replay. The core validates the
+  // caches first and picks this path (see _set_copy_method).
+  m.def(
+      "_swap_blocks_kernel(Tensor[] src_caches, Tensor(a!)[] dst_caches, Tensor src_block_ids, "
+      "Tensor dst_block_ids) -> ()");
+
+  // How swap_blocks copies where an engine offers a choice: "auto" (by block
+  // size), "dma" (the batched DMA path) or "kernel" (the kernel path).
+  // Process-wide.
+  m.def("_set_copy_method(str method) -> ()");
+  m.def("_get_copy_method() -> str");
+
   // Dry run of swap_blocks: validates exactly as swap_blocks does and returns
   // the merged descriptors (src_ptrs, dst_ptrs, sizes) it would submit,
   // copying nothing. For tests and for measuring the host-side cost.

@@ -80,3 +80,37 @@ def test_import_without_the_compiled_core_says_how_to_build(tmp_path):
     assert result.returncode != 0
     assert "torch_kvswap._C) is not built" in result.stderr
     assert "pip install --no-build-isolation" in result.stderr
+
+
+@pytest.mark.parametrize("method", ["auto", "dma", "kernel"])
+def test_copy_method_round_trips(method):
+    try:
+        torch_kvswap.set_copy_method(method)
+        assert torch_kvswap.get_copy_method() == method
+    finally:
+        torch_kvswap.set_copy_method("auto")
+
+
+def test_unknown_copy_method_is_rejected():
+    with pytest.raises(ValueError, match="method must be 'auto', 'dma' or 'kernel', got 'fast'"):
+        torch_kvswap.set_copy_method("fast")
+    assert torch_kvswap.get_copy_method() == "auto"
+
+
+def test_host_copies_ignore_the_copy_method():
+    # The host engine has one path; "kernel" only applies to accelerator caches.
+    src, dst = [torch.arange(8.0).view(4, 2)], [torch.zeros(4, 2)]
+    try:
+        torch_kvswap.set_copy_method("kernel")
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([3]), torch.tensor([0]))
+    finally:
+        torch_kvswap.set_copy_method("auto")
+    assert dst[0][0].tolist() == [6.0, 7.0]
+
+
+def test_pinning_host_memory_needs_an_accelerator_engine():
+    with pytest.raises(NotImplementedError, match="device must be an accelerator"):
+        torch.ops.kvswap._host_register(torch.zeros(16, dtype=torch.uint8), torch.device("cpu"), True)
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_host_register", "CUDA"):
+        with pytest.raises(NotImplementedError, match="no engine for cuda:0"):
+            torch.ops.kvswap._host_register(torch.zeros(16, dtype=torch.uint8), torch.device("cuda", 0), True)

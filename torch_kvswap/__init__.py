@@ -24,9 +24,17 @@ _loader.load_core()
 ENGINES = _loader.load_engines()
 
 from . import _fake  # noqa: E402,F401 - registers fake kernels and effects
-from .ops import Direction, expand_block_ids, swap_blocks, swap_blocks_batch  # noqa: E402
+from .ops import (  # noqa: E402
+    Direction,
+    expand_block_ids,
+    get_copy_method,
+    set_copy_method,
+    swap_blocks,
+    swap_blocks_batch,
+)
 from .handler import DeviceBlocks, HostBlocks, KVCacheOffloader, TransferResult  # noqa: E402
 
 __all__ = ["DeviceBlocks", "Direction", "ENGINES", "HostBlocks", "KVCacheOffloader",
-           "TransferResult", "expand_block_ids", "swap_blocks", "swap_blocks_batch"]
+           "TransferResult", "expand_block_ids", "get_copy_method", "set_copy_method", "swap_blocks",
+           "swap_blocks_batch"]
 __version__ = "0.1.0"

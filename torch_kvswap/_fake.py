@@ -75,6 +75,11 @@ def _submit_fake(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device):
     return None
 
 
+@torch.library.register_fake("kvswap::_swap_blocks_kernel")
+def _swap_blocks_kernel_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
+    return None
+
+
 @torch.library.register_fake("kvswap::_host_register")
 def _host_register_fake(buffer, device, pin):
     return None

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["Direction", "swap_blocks_batch", "swap_blocks", "expand_block_ids"]
+__all__ = ["Direction", "swap_blocks_batch", "swap_blocks", "expand_block_ids",
+           "set_copy_method", "get_copy_method"]
 
 
 class Direction(enum.IntEnum):
@@ -120,3 +121,19 @@ def expand_block_ids(block_ids: torch.Tensor, block_size_factor: int,
         ``len(block_ids) * f - skip_count`` (0 for empty input).
     """
     return torch.ops.kvswap.expand_block_ids.default(block_ids, block_size_factor, skip_count)
+
+
+def set_copy_method(method: str) -> None:
+    """Choose how :func:`swap_blocks` copies where the engine offers a choice.
+
+    ``"auto"`` (default): the engine's copy kernel for blocks under 32 KiB,
+    batched DMA above; ``"dma"``: always descriptors and the DMA API;
+    ``"kernel"``: always the copy kernel (CUDA only; an error elsewhere).
+    Process-wide. The host and Ascend engines have only the DMA path.
+    """
+    torch.ops.kvswap._set_copy_method(method)
+
+
+def get_copy_method() -> str:
+    """The current :func:`set_copy_method` choice."""
+    return torch.ops.kvswap._get_copy_method()

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Compile-checks the accelerator engines that cannot run here, against their
+# real headers: csrc/ascend/ against torch-npu 2.13.0's shipped ACL and
+# torch_npu headers (both with and without the batch-memcpy API), and
+# csrc/cuda/ with nvcc against the CUDA runtime and the torch headers.
+# Warnings in our code are errors. Exits non-zero on the first failure.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+CACHE="$ROOT/.ci-cache"
+mkdir -p "$CACHE"
+TORCH_INC="$("$PY" -c 'import torch.utils.cpp_extension as c; print(" ".join(c.include_paths()))')"
+PY_INC="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+SYS_INCS=()
+for d in $TORCH_INC "$PY_INC"; do SYS_INCS+=("-isystem" "$d"); done
+WARN=(-Wall -Wextra -Werror -Wno-unused-parameter)
+
+# --- Ascend -------------------------------------------------------------------
+NPU_VERSION=2.13.0
+NPU_INC="$CACHE/torch_npu-$NPU_VERSION/torch_npu/include"
+if [ ! -f "$NPU_INC/acl/acl_rt.h" ]; then
+  echo "[engines] fetching torch-npu $NPU_VERSION headers"
+  "$PY" -m pip download --quiet --no-deps "torch-npu==$NPU_VERSION" -d "$CACHE/wheels"
+  "$PY" - "$CACHE/wheels" "$CACHE/torch_npu-$NPU_VERSION" <<'PYEOF'
+import glob, sys, zipfile
+wheel = sorted(glob.glob(f"{sys.argv[1]}/torch_npu-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("torch_npu/include/")])
+PYEOF
+fi
+CXX="${CXX:-g++}"
+for src in csrc/ascend/*.cpp; do
+  for batch in 1 0; do
+    echo "[engines] $CXX $src (KVSWAP_HAVE_ACL_BATCH_MEMCPY=$batch)"
+    "$CXX" -std=c++20 -O2 -fPIC -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \
+      -isystem "$NPU_INC" -DKVSWAP_HAVE_ACL_BATCH_MEMCPY=$batch -DTORCH_EXTENSION_NAME=_C_npu
+  done
+done
+
+# --- CUDA ---------------------------------------------------------------------
+NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+if [ ! -x "$NVCC" ]; then
+  echo "[engines] nvcc not found; the CUDA engine cannot be checked" >&2
+  exit 1
+fi
+for src in csrc/cuda/*.cu; do
+  echo "[engines] nvcc $src"
+  "$NVCC" -std=c++20 -O2 -c "$src" -o /dev/null -arch=sm_90 \
+    -Xcompiler -fPIC -Xcompiler "$(IFS=,; echo "${WARN[*]}")" -Werror all-warnings \
+    "${SYS_INCS[@]}" -DTORCH_EXTENSION_NAME=_C_cuda
+done
+echo "[engines] all engine sources compile"

@@ -1,0 +1,205 @@
+"""The ops on a real accelerator: CUDA GPUs and Ascend NPUs.
+
+Every test skips with the reason when its device (or its kvswap engine) is
+missing, and runs as it is where one is present: ``bash scripts/test.sh -k
+accelerators`` on a GPU or NPU machine. ``scripts/gpu_check.sh`` runs the CUDA
+half and a benchmark in one go.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_kvswap
+from conftest import accelerator_or_skip
+from reference import swap_blocks_ref
+
+KINDS = ["cuda", "npu"]
+BLOCK_BYTES = [2048, 16384, 262144]
+DTYPES = [torch.bfloat16, torch.float16, torch.int8]
+
+
+def graph_api(kind: str):
+    return torch.cuda.CUDAGraph if kind == "cuda" else torch.npu.NPUGraph
+
+
+def graph_context(kind: str, graph):
+    return torch.cuda.graph(graph) if kind == "cuda" else torch.npu.graph(graph)
+
+
+def caches(block_bytes: int, dtype, num_blocks: int, where, pairs: int = 2, seed: int = 0):
+    elems = block_bytes // dtype.itemsize
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(pairs):
+        t = torch.randint(-100, 100, (num_blocks, elems), generator=g).to(dtype)
+        if where == "host":
+            out.append(t.pin_memory())
+        else:
+            out.append(t.to(where))
+    return out
+
+
+def synced(device):
+    torch.accelerator.synchronize()
+    return device
+
+
+@pytest.fixture(params=["auto", "dma", "kernel"])
+def copy_method(request):
+    torch_kvswap.set_copy_method(request.param)
+    yield request.param
+    torch_kvswap.set_copy_method("auto")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("direction", ["h2d", "d2h", "d2d"])
+@pytest.mark.parametrize("block_bytes", BLOCK_BYTES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swap_blocks_matches_the_cpu_reference(kind, direction, block_bytes, dtype, copy_method):
+    device = accelerator_or_skip(kind)
+    if copy_method == "kernel" and kind != "cuda":
+        pytest.skip("only the CUDA engine has a kernel path")
+    src_where = "host" if direction == "h2d" else device
+    dst_where = "host" if direction == "d2h" else device
+    src = caches(block_bytes, dtype, 12, src_where, seed=1)
+    dst = caches(block_bytes, dtype, 9, dst_where, seed=2)
+    sid, did = torch.tensor([11, 0, 5, 6, 7]), torch.tensor([8, 2, 3, 4, 0])
+    expected = swap_blocks_ref(src, dst, sid, did)
+    torch_kvswap.swap_blocks(src, dst, sid, did)
+    synced(device)
+    for got, want in zip(dst, expected):
+        assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("direction", list(torch_kvswap.Direction))
+def test_pointer_op_on_the_current_stream(kind, direction):
+    device = accelerator_or_skip(kind)
+    src_where = "host" if direction == torch_kvswap.Direction.HOST_TO_DEVICE else device
+    dst_where = "host" if direction == torch_kvswap.Direction.DEVICE_TO_HOST else device
+    (src,) = caches(4096, torch.uint8, 8, src_where, pairs=1, seed=3)
+    (dst,) = caches(4096, torch.uint8, 8, dst_where, pairs=1, seed=4)
+    want = dst.cpu().clone()
+    want[[6, 1]] = src.cpu()[[2, 3]]
+    sp = torch.tensor([src.data_ptr() + 2 * 4096, src.data_ptr() + 3 * 4096])
+    dp = torch.tensor([dst.data_ptr() + 6 * 4096, dst.data_ptr() + 1 * 4096])
+    stream = torch.Stream(device)
+    with stream:
+        torch_kvswap.swap_blocks_batch(sp, dp, torch.tensor([4096, 4096]), direction)
+    stream.synchronize()
+    assert torch.equal(dst.cpu(), want)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_opcheck_on_device(kind):
+    device = accelerator_or_skip(kind)
+    src = caches(2048, torch.bfloat16, 6, device, seed=5)
+    dst = caches(2048, torch.bfloat16, 6, "host", seed=6)
+    results = torch.library.opcheck(torch.ops.kvswap.swap_blocks.default,
+                                    (src, dst, torch.tensor([0, 5]), torch.tensor([1, 2])))
+    assert set(results.values()) == {"SUCCESS"}, results
+    results = torch.library.opcheck(torch.ops.kvswap.expand_block_ids.default,
+                                    (torch.tensor([1, 4], device=device), 4, 1))
+    assert set(results.values()) == {"SUCCESS"}, results
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_store_sees_device_writes(kind, fresh_compile):
+    device = accelerator_or_skip(kind)
+    dev = caches(4096, torch.float16, 8, device, pairs=1, seed=7)
+    host = caches(4096, torch.float16, 8, "host", pairs=1, seed=8)
+
+    @torch.compile(fullgraph=True)
+    def step(d, h, ids):
+        d[0].mul_(3)
+        torch_kvswap.swap_blocks(d, h, ids, ids)
+
+    want = dev[0].cpu() * 3
+    step(dev, host, torch.tensor([1, 4]))
+    synced(device)
+    assert torch.equal(host[0][[1, 4]], want[[1, 4]])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_graph_replay_repeats_the_captured_dma_copies(kind):
+    """DMA path under capture: a replay copies the blocks captured, whatever the ids hold later."""
+    device = accelerator_or_skip(kind)
+    torch_kvswap.set_copy_method("dma")
+    try:
+        dev = caches(4096, torch.float32, 8, device, pairs=1, seed=9)
+        host = caches(4096, torch.float32, 8, "host", pairs=1, seed=10)
+        sid, did = torch.tensor([3]), torch.tensor([5])
+        graph = graph_api(kind)()
+        torch.accelerator.synchronize()
+        with graph_context(kind, graph):
+            torch_kvswap.swap_blocks(dev, host, sid, did)
+        dev[0][3].fill_(42.0)
+        sid[0] = 1  # a host-side change after capture does not reach the graph
+        graph.replay()
+        synced(device)
+        assert bool((host[0][5] == 42.0).all())
+    finally:
+        torch_kvswap.set_copy_method("auto")
+
+
+def test_cuda_graph_replay_reads_ids_from_device_memory_on_the_kernel_path():
+    device = accelerator_or_skip("cuda")
+    torch_kvswap.set_copy_method("kernel")
+    try:
+        dev = caches(2048, torch.float32, 16, device, pairs=2, seed=11)
+        host = caches(2048, torch.float32, 16, "host", pairs=2, seed=12)
+        sid = torch.tensor([0, 1], device=device)
+        did = torch.tensor([0, 1], device=device)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            torch_kvswap.swap_blocks(dev, host, sid, did)
+        sid.copy_(torch.tensor([7, 9]))
+        did.copy_(torch.tensor([12, 3]))
+        graph.replay()
+        torch.cuda.synchronize()
+        for d, h in zip(dev, host):
+            assert torch.equal(h[12], d[7].cpu()) and torch.equal(h[3], d[9].cpu())
+    finally:
+        torch_kvswap.set_copy_method("auto")
+
+
+def test_cuda_kernel_path_skips_device_ids_out_of_range():
+    device = accelerator_or_skip("cuda")
+    torch_kvswap.set_copy_method("kernel")
+    try:
+        dev = caches(2048, torch.float32, 4, device, pairs=1, seed=13)
+        host = caches(2048, torch.float32, 4, "host", pairs=1, seed=14)
+        before = host[0].clone()
+        torch_kvswap.swap_blocks(dev, host, torch.tensor([0, 9], device=device),
+                                 torch.tensor([4, 1], device=device))
+        torch.cuda.synchronize()
+        assert torch.equal(host[0], before)  # both ids out of range for one side
+    finally:
+        torch_kvswap.set_copy_method("auto")
+
+
+def test_cuda_kernel_path_rejects_pageable_host_caches():
+    device = accelerator_or_skip("cuda")
+    torch_kvswap.set_copy_method("kernel")
+    try:
+        dev = caches(2048, torch.float32, 4, device, pairs=1)
+        pageable = [torch.zeros(4, 512)]
+        with pytest.raises(ValueError, match="pinned host memory"):
+            torch_kvswap.swap_blocks(dev, pageable, torch.tensor([0]), torch.tensor([1]))
+    finally:
+        torch_kvswap.set_copy_method("auto")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_offloader_pins_host_mirrors_in_place(kind):
+    device = accelerator_or_skip(kind)
+    kv = {f"l{i}": torch.zeros(2, 64, 16, 8, 64, dtype=torch.bfloat16, device=device) for i in range(4)}
+    off = torch_kvswap.KVCacheOffloader(kv, 16, 32, num_host_blocks=40)
+    try:
+        assert off.pinned and off._registered
+        assert off.host_bytes <= 1.05 * off.host_bytes_needed
+    finally:
+        off.shutdown()
