@@ -85,7 +85,7 @@ def test_pointer_op_on_the_current_stream(kind, direction):
     want[[6, 1]] = src.cpu()[[2, 3]]
     sp = torch.tensor([src.data_ptr() + 2 * 4096, src.data_ptr() + 3 * 4096])
     dp = torch.tensor([dst.data_ptr() + 6 * 4096, dst.data_ptr() + 1 * 4096])
-    stream = torch.Stream(device)
+    stream = torch.Stream(device=device)
     with stream:
         torch_kvswap.swap_blocks_batch(sp, dp, torch.tensor([4096, 4096]), direction)
     stream.synchronize()

@@ -213,7 +213,7 @@ class KVCacheOffloader:
         self._closed = False
         self._event_pool: list[Any] = []
         if on_accelerator:
-            self._streams = {True: torch.Stream(self.device), False: torch.Stream(self.device)}
+            self._streams = {True: torch.Stream(device=self.device), False: torch.Stream(device=self.device)}
             self._workers = None
         else:
             self._streams = None
@@ -371,7 +371,7 @@ class KVCacheOffloader:
     def _get_event(self):
         if self._event_pool:
             return self._event_pool.pop()
-        return torch.Event(self.device, enable_timing=True)
+        return torch.Event(device=self.device, enable_timing=True)
 
     # -- completion --------------------------------------------------------------
 
