@@ -702,25 +702,24 @@ TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
   m.impl("_host_register", &kvswap::host_register);
 }
 
-// The tensor op and its dry run are one device-generic kernel: it reads the
-// caches' devices and hands the descriptors to that device's engine. It is
-// registered for every key an engine may serve, so a mixed host/accelerator
-// call, which the dispatcher routes by its accelerator tensor, lands here too.
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
-  m.impl("swap_blocks", &kvswap::swap_blocks);
-  m.impl("_plan_swap_blocks", &kvswap::plan_swap_blocks);
-  m.impl("expand_block_ids", &kvswap::expand_block_ids);
+// The tensor op, its dry run and expand_block_ids are device-generic kernels:
+// they read the tensors' devices and hand descriptors to that device's
+// engine. They are registered for every key an engine may serve, so a mixed
+// host/accelerator call, which the dispatcher routes by its accelerator
+// tensor, lands here too.
+namespace kvswap {
+namespace {
+void register_device_generic(torch::Library& m) {
+  m.impl("swap_blocks", &swap_blocks);
+  m.impl("_plan_swap_blocks", &plan_swap_blocks);
+  m.impl("expand_block_ids", &expand_block_ids);
 }
-TORCH_LIBRARY_IMPL(kvswap, CUDA, m) {
-  m.impl("swap_blocks", &kvswap::swap_blocks);
-  m.impl("_plan_swap_blocks", &kvswap::plan_swap_blocks);
-  m.impl("expand_block_ids", &kvswap::expand_block_ids);
-}
-TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) {
-  m.impl("swap_blocks", &kvswap::swap_blocks);
-  m.impl("_plan_swap_blocks", &kvswap::plan_swap_blocks);
-  m.impl("expand_block_ids", &kvswap::expand_block_ids);
-}
+}  // namespace
+}  // namespace kvswap
+
+TORCH_LIBRARY_IMPL(kvswap, CPU, m) { kvswap::register_device_generic(m); }
+TORCH_LIBRARY_IMPL(kvswap, CUDA, m) { kvswap::register_device_generic(m); }
+TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) { kvswap::register_device_generic(m); }
 
 TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
   m.impl("_direction_name", &kvswap::direction_name_op);

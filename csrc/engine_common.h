@@ -4,13 +4,61 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "kvswap.h"
+
 namespace kvswap {
+
+// "descriptor 3: src 0x... -> dst 0x..., 4096 bytes, device_to_host", for
+// error messages that must say which copy failed.
+inline std::string describe_descriptor(const CopyBatch& b, int64_t i) {
+  std::ostringstream out;
+  out << "descriptor " << i << ": src 0x" << std::hex << b.src[i] << " -> dst 0x" << b.dst[i]
+      << std::dec << ", " << b.size[i] << " bytes, "
+      << direction_name(static_cast<int64_t>(b.direction));
+  return out.str();
+}
+
+// The batch APIs take arrays of pointers and size_t. The core's int64 rows
+// have exactly that layout here, so they are passed in place.
+static_assert(sizeof(void*) == sizeof(int64_t) && sizeof(size_t) == sizeof(int64_t),
+              "descriptor rows are passed as pointer and size_t arrays");
+struct DescriptorArrays {
+  void** dsts;
+  void** srcs;
+  size_t* sizes;
+};
+inline DescriptorArrays descriptor_arrays(const CopyBatch& b) {
+  return {reinterpret_cast<void**>(const_cast<int64_t*>(b.dst)),
+          reinterpret_cast<void**>(const_cast<int64_t*>(b.src)),
+          reinterpret_cast<size_t*>(const_cast<int64_t*>(b.size))};
+}
+
+// Per-descriptor attributes of a batch call: one attrs entry and one index
+// per descriptor (attrs[i] applies from indexes[i]). A single scalar index for
+// n descriptors would let the runtime read past the index array. Owned by the
+// in-flight record until the device has consumed the batch.
+template <class Attr>
+struct BatchAttrs {
+  std::vector<Attr> attrs;
+  std::vector<size_t> indexes;
+
+  static std::shared_ptr<BatchAttrs> per_descriptor(int64_t count, const Attr& attr) {
+    auto out = std::make_shared<BatchAttrs>();
+    out->attrs.assign(static_cast<size_t>(count), attr);
+    out->indexes.resize(static_cast<size_t>(count));
+    for (size_t i = 0; i < out->indexes.size(); ++i) out->indexes[i] = i;
+    return out;
+  }
+};
 
 // Keeps the host arrays of submitted batches alive until the device has
 // consumed them. A batch API may read its descriptor arrays after the call

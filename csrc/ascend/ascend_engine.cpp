@@ -46,9 +46,6 @@ KVSWAP_PYTHON_MODULE(_C_npu)
 namespace kvswap {
 namespace {
 
-static_assert(sizeof(void*) == sizeof(int64_t) && sizeof(size_t) == sizeof(int64_t),
-              "the batch path passes the int64 descriptor rows as void* and size_t arrays");
-
 std::string acl_message(aclError err) {
   std::ostringstream msg;
   msg << "ACL error " << err;
@@ -82,8 +79,7 @@ void copy_each(const CopyBatch& b, aclrtStream stream) {
   for (int64_t i = 0; i < b.count; ++i) {
     const size_t n = static_cast<size_t>(b.size[i]);
     KVSWAP_ACL_CHECK(aclrtMemcpyAsync(as_ptr(b.dst[i]), n, as_ptr(b.src[i]), n, kind, stream),
-                     "descriptor ", i, ": src 0x", std::hex, b.src[i], " -> dst 0x", b.dst[i],
-                     std::dec, ", ", n, " bytes, ", direction_name(static_cast<int64_t>(b.direction)));
+                     describe_descriptor(b, i));
   }
 }
 
@@ -120,11 +116,6 @@ bool stream_is_capturing(aclrtStream stream) {
   return status != ACL_MODEL_RI_CAPTURE_STATUS_NONE;
 }
 
-struct BatchAttrs {
-  std::vector<aclrtMemcpyBatchAttr> attrs;
-  std::vector<size_t> indexes;
-};
-
 void copy_batched(const CopyBatch& b, aclrtStream stream, c10::DeviceIndex device,
                   std::vector<at::Tensor> keep_alive) {
   aclrtMemLocation host{};
@@ -137,31 +128,19 @@ void copy_batched(const CopyBatch& b, aclrtStream stream, c10::DeviceIndex devic
   attr.srcLoc = b.direction == Direction::kHostToDevice ? host : dev;
   attr.dstLoc = b.direction == Direction::kHostToDevice ? dev : host;
 
-  // One attrs entry and one index per descriptor: a single scalar index for
-  // n descriptors would make the runtime read past the index array.
-  auto args = std::make_shared<BatchAttrs>();
-  args->attrs.assign(static_cast<size_t>(b.count), attr);
-  args->indexes.resize(static_cast<size_t>(b.count));
-  for (size_t i = 0; i < args->indexes.size(); ++i) args->indexes[i] = i;
-
-  auto* dsts = reinterpret_cast<void**>(const_cast<int64_t*>(b.dst));
-  auto* srcs = reinterpret_cast<void**>(const_cast<int64_t*>(b.src));
-  auto* sizes = reinterpret_cast<size_t*>(const_cast<int64_t*>(b.size));
+  auto args = BatchAttrs<aclrtMemcpyBatchAttr>::per_descriptor(b.count, attr);
+  const DescriptorArrays arrays = descriptor_arrays(b);
   size_t fail_index = SIZE_MAX;
-  const aclError err = aclrtMemcpyBatchAsync(dsts, sizes, srcs, sizes, static_cast<size_t>(b.count),
-                                             args->attrs.data(), args->indexes.data(),
-                                             args->attrs.size(), &fail_index, stream);
+  const aclError err = aclrtMemcpyBatchAsync(arrays.dsts, arrays.sizes, arrays.srcs, arrays.sizes,
+                                             static_cast<size_t>(b.count), args->attrs.data(),
+                                             args->indexes.data(), args->attrs.size(), &fail_index,
+                                             stream);
   if (err != ACL_SUCCESS) {
-    std::ostringstream where;
-    if (fail_index != SIZE_MAX && fail_index < static_cast<size_t>(b.count)) {
-      where << "failed at descriptor " << fail_index << ": src 0x" << std::hex << b.src[fail_index]
-            << " -> dst 0x" << b.dst[fail_index] << std::dec << ", " << b.size[fail_index] << " bytes";
-    } else {
-      where << "no failing descriptor reported (fail index " << fail_index << ")";
-    }
-    TORCH_CHECK(false, "kvswap Ascend engine: aclrtMemcpyBatchAsync of ", b.count, " descriptors (",
-                direction_name(static_cast<int64_t>(b.direction)), ") failed: ", acl_message(err), "; ",
-                where.str());
+    const bool known = fail_index < static_cast<size_t>(b.count);
+    TORCH_CHECK(false, "kvswap Ascend engine: aclrtMemcpyBatchAsync of ", b.count,
+                " descriptors failed: ", acl_message(err), "; ",
+                known ? "failed at " + describe_descriptor(b, static_cast<int64_t>(fail_index))
+                      : "no failing descriptor reported (fail index " + std::to_string(fail_index) + ")");
   }
   in_flight(device).hold(stream, std::move(keep_alive), std::move(args));
 }

@@ -47,9 +47,6 @@ KVSWAP_PYTHON_MODULE(_C_cuda)
 namespace kvswap {
 namespace {
 
-static_assert(sizeof(void*) == sizeof(int64_t) && sizeof(size_t) == sizeof(int64_t),
-              "the batch path passes the int64 descriptor rows as pointer and size_t arrays");
-
 #define KVSWAP_CUDA_CHECK(call, ...)                                                         \
   do {                                                                                       \
     const cudaError_t kvswap_err_ = (call);                                                  \
@@ -112,18 +109,11 @@ void copy_each(const CopyBatch& b, cudaStream_t stream) {
   for (int64_t i = 0; i < b.count; ++i) {
     KVSWAP_CUDA_CHECK(cudaMemcpyAsync(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]),
                                       kind, stream),
-                      "descriptor ", i, ": src 0x", std::hex, b.src[i], " -> dst 0x", b.dst[i],
-                      std::dec, ", ", b.size[i], " bytes, ",
-                      direction_name(static_cast<int64_t>(b.direction)));
+                      describe_descriptor(b, i));
   }
 }
 
 #if CUDART_VERSION >= 12080
-struct BatchAttrs {
-  std::vector<cudaMemcpyAttributes> attrs;
-  std::vector<size_t> indexes;
-};
-
 void copy_batched(const CopyBatch& b, cudaStream_t stream, c10::DeviceIndex device,
                   std::vector<at::Tensor> keep_alive) {
   cudaMemcpyAttributes attr{};
@@ -140,33 +130,25 @@ void copy_batched(const CopyBatch& b, cudaStream_t stream, c10::DeviceIndex devi
   attr.srcLocHint = b.direction == Direction::kHostToDevice ? host : dev;
   attr.dstLocHint = b.direction == Direction::kDeviceToHost ? host : dev;
 
-  // One attrs entry and one index per descriptor, so the index array is as
-  // long as the batch however the runtime reads it.
-  auto args = std::make_shared<BatchAttrs>();
-  args->attrs.assign(static_cast<size_t>(b.count), attr);
-  args->indexes.resize(static_cast<size_t>(b.count));
-  for (size_t i = 0; i < args->indexes.size(); ++i) args->indexes[i] = i;
-
-  auto* dsts = reinterpret_cast<void**>(const_cast<int64_t*>(b.dst));
-  auto* srcs = reinterpret_cast<void**>(const_cast<int64_t*>(b.src));
-  auto* sizes = reinterpret_cast<size_t*>(const_cast<int64_t*>(b.size));
-  std::ostringstream what;
-  what << b.count << " descriptors (" << direction_name(static_cast<int64_t>(b.direction)) << ")";
+  auto args = BatchAttrs<cudaMemcpyAttributes>::per_descriptor(b.count, attr);
+  const DescriptorArrays arrays = descriptor_arrays(b);
+  const std::string what =
+      std::to_string(b.count) + " descriptors (" + direction_name(static_cast<int64_t>(b.direction)) + ")";
 #if CUDART_VERSION >= 13000
-  KVSWAP_CUDA_CHECK(cudaMemcpyBatchAsync(dsts, const_cast<const void**>(srcs), sizes,
+  KVSWAP_CUDA_CHECK(cudaMemcpyBatchAsync(arrays.dsts, const_cast<const void**>(arrays.srcs), arrays.sizes,
                                          static_cast<size_t>(b.count), args->attrs.data(),
                                          args->indexes.data(), args->attrs.size(), stream),
-                    what.str());
+                    what);
 #else
   size_t fail_index = SIZE_MAX;
-  const cudaError_t err =
-      cudaMemcpyBatchAsync(dsts, srcs, sizes, static_cast<size_t>(b.count), args->attrs.data(),
-                           args->indexes.data(), args->attrs.size(), &fail_index, stream);
-  if (err != cudaSuccess && fail_index < static_cast<size_t>(b.count)) {
-    what << "; failed at descriptor " << fail_index << ": src 0x" << std::hex << b.src[fail_index]
-         << " -> dst 0x" << b.dst[fail_index] << std::dec << ", " << b.size[fail_index] << " bytes";
-  }
-  KVSWAP_CUDA_CHECK(err, what.str());
+  const cudaError_t err = cudaMemcpyBatchAsync(arrays.dsts, arrays.srcs, arrays.sizes,
+                                               static_cast<size_t>(b.count), args->attrs.data(),
+                                               args->indexes.data(), args->attrs.size(), &fail_index,
+                                               stream);
+  KVSWAP_CUDA_CHECK(err, what,
+                    fail_index < static_cast<size_t>(b.count)
+                        ? "; failed at " + describe_descriptor(b, static_cast<int64_t>(fail_index))
+                        : std::string());
 #endif
   in_flight(device).hold(stream, std::move(keep_alive), std::move(args));
 }
