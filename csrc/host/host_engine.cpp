@@ -15,7 +15,12 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#define KVSWAP_HAVE_STREAM_COPY 1
+#else
+#define KVSWAP_HAVE_STREAM_COPY 0
+#endif
 
 #include <unistd.h>
 
@@ -138,24 +143,31 @@ CopyMode configured_mode() {
 constexpr int64_t kStreamThreshold = int64_t{16} << 20;
 
 bool cpu_has_avx2() {
+#if KVSWAP_HAVE_STREAM_COPY
   static const bool has = __builtin_cpu_supports("avx2");
   return has;
+#else
+  return false;
+#endif
 }
 
 // Bytes of the next block to prefetch; 16 and 64 KiB measured no better.
-constexpr int64_t kPrefetchBytes = 4096;
+constexpr size_t kPrefetchBytes = 4096;
 
 // Prefetches the first bytes of the next source block: the hardware
 // prefetcher does not cross into a scattered block by itself, so each small
 // block would otherwise start with a run of demand misses.
-inline void prefetch_block(int64_t address, int64_t bytes) {
-  const char* p = static_cast<const char*>(as_ptr(address));
-  const int64_t n = std::min<int64_t>(bytes, kPrefetchBytes);
-  for (int64_t off = 0; off < n; off += 64) {
+inline void prefetch_block(const char* p, size_t bytes) {
+  const size_t n = std::min<size_t>(bytes, kPrefetchBytes);
+  for (size_t off = 0; off < n; off += 64) {
     __builtin_prefetch(p + off, 0, 3);
   }
 }
 
+
+#if KVSWAP_HAVE_STREAM_COPY
+// Makes streamed stores visible before a part ends.
+inline void stream_fence() { _mm_sfence(); }
 
 // memcpy with non-temporal 32-byte stores for the aligned middle part. While
 // it copies, it prefetches the next block at the same offset (`next`,
@@ -185,6 +197,11 @@ __attribute__((target("avx2"))) void copy_stream(char* d, const char* s, size_t 
   }
   std::memcpy(d, s, n);
 }
+#else
+// No streaming stores on this architecture: copy_batch never selects kStream.
+inline void stream_fence() {}
+inline void copy_stream(char* d, const char* s, size_t n, const char*, size_t) { std::memcpy(d, s, n); }
+#endif
 
 // Copies bytes [offset, offset + bytes) of the batch, counted across all
 // descriptors from descriptor `first` on. Splitting by bytes rather than by
@@ -195,22 +212,20 @@ void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t 
     const int64_t n = std::min(b.size[i] - offset, bytes);
     char* d = static_cast<char*>(as_ptr(b.dst[i] + offset));
     const char* s = static_cast<const char*>(as_ptr(b.src[i] + offset));
-    const bool more = n < bytes;  // another descriptor follows within this part
+    // The next block of this part, if any, to prefetch while copying.
+    const bool more = n < bytes;
+    const char* next = more ? static_cast<const char*>(as_ptr(b.src[i + 1])) : nullptr;
+    const size_t next_len = more ? static_cast<size_t>(std::min(b.size[i + 1], bytes - n)) : 0;
     if (mode == CopyMode::kStream) {
-      copy_stream(d, s, static_cast<size_t>(n), more ? static_cast<const char*>(as_ptr(b.src[i + 1])) : nullptr,
-                  more ? static_cast<size_t>(std::min(b.size[i + 1], bytes - n)) : 0);
+      copy_stream(d, s, static_cast<size_t>(n), next, next_len);
     } else {
-      if (mode == CopyMode::kPrefetch && more) {
-        prefetch_block(b.src[i + 1], std::min(b.size[i + 1], bytes - n));
-      }
+      if (mode == CopyMode::kPrefetch && more) prefetch_block(next, next_len);
       std::memcpy(d, s, static_cast<size_t>(n));
     }
     bytes -= n;
     offset = 0;
   }
-  if (mode == CopyMode::kStream) {
-    _mm_sfence();  // make the streamed stores visible before the part ends
-  }
+  if (mode == CopyMode::kStream) stream_fence();
 }
 
 void copy_batch(const CopyBatch& b) {
