@@ -25,4 +25,5 @@ def test_bench_writes_a_table_and_json(tmp_path, capsys):
     assert methods == set(bench.METHODS) | {"tensor[memcpy]"}
     limit = [r for r in data["rows"] if r["method"] == "contiguous"]
     assert all(r["ratio_to_contiguous"] == 1.0 for r in limit)
-    assert all(r["gbps"] > 0 for r in data["rows"])
+    assert all(r["gbps"] > 0 and r["ratio_to_run_limit"] > 0 for r in data["rows"])
+    assert "against the run's median contiguous copy" in out
