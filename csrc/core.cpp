@@ -474,47 +474,46 @@ Descriptors build_block_descriptors(const std::vector<PairLayout>& pairs, const 
   return out;
 }
 
-struct BlockCopyPlan {
-  Descriptors descriptors;
+// Where a block copy runs, after the checks that need no id values: the
+// cache pairs' layouts, the device whose engine copies, and the direction.
+struct BlockCopyRoute {
+  std::vector<PairLayout> pairs;
   Direction direction;
   c10::Device device;
 };
 
-BlockCopyPlan plan_block_copy(at::TensorList src_caches, at::TensorList dst_caches,
-                              const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_caches,
+                                const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
   check_ids_tensor(src_block_ids, "src_block_ids");
   check_ids_tensor(dst_block_ids, "dst_block_ids");
   TORCH_CHECK_VALUE(src_block_ids.numel() == dst_block_ids.numel(), "src_block_ids has ",
                     src_block_ids.numel(), " ids but dst_block_ids has ", dst_block_ids.numel(),
                     "; they are matched pairwise");
-  const auto pairs = layout_pairs(src_caches, dst_caches);
+  auto pairs = layout_pairs(src_caches, dst_caches);
   const auto src_dev = common_device(src_caches, "src_caches").value_or(c10::Device("cpu"));
   const auto dst_dev = common_device(dst_caches, "dst_caches").value_or(c10::Device("cpu"));
-
-  Direction direction = Direction::kDeviceToDevice;
-  c10::Device device = src_dev;
   if (src_dev.is_cpu() && dst_dev.is_cpu()) {
-    device = src_dev;  // host engine; it does not look at the direction
-    direction = Direction::kHostToDevice;
-  } else if (src_dev.is_cpu()) {
-    direction = Direction::kHostToDevice;
-    device = dst_dev;
-  } else if (dst_dev.is_cpu()) {
-    direction = Direction::kDeviceToHost;
-  } else {
-    TORCH_CHECK_VALUE(src_dev == dst_dev, "src_caches are on ", src_dev, " but dst_caches are on ",
-                      dst_dev, "; copies between two accelerators are not supported");
+    // The host engine; it does not look at the direction.
+    return {std::move(pairs), Direction::kHostToDevice, src_dev};
   }
+  if (src_dev.is_cpu()) return {std::move(pairs), Direction::kHostToDevice, dst_dev};
+  if (dst_dev.is_cpu()) return {std::move(pairs), Direction::kDeviceToHost, src_dev};
+  TORCH_CHECK_VALUE(src_dev == dst_dev, "src_caches are on ", src_dev, " but dst_caches are on ",
+                    dst_dev, "; copies between two accelerators are not supported");
+  return {std::move(pairs), Direction::kDeviceToDevice, src_dev};
+}
 
-  // Ids are read on the host; ids on an accelerator are brought over (a
-  // synchronizing copy).
+// Checks the id values and builds the descriptors. Ids are read on the host;
+// ids on an accelerator are brought over (a synchronizing copy).
+Descriptors describe_block_copy(const BlockCopyRoute& route, const at::Tensor& src_block_ids,
+                                const at::Tensor& dst_block_ids) {
   const auto sid_t = src_block_ids.to(at::kCPU).contiguous();
   const auto did_t = dst_block_ids.to(at::kCPU).contiguous();
   const int64_t* sid = sid_t.const_data_ptr<int64_t>();
   const int64_t* did = did_t.const_data_ptr<int64_t>();
   const int64_t n = sid_t.numel();
-  check_block_ids(sid, did, n, pairs);
-  return BlockCopyPlan{build_block_descriptors(pairs, sid, did, n), direction, device};
+  check_block_ids(sid, did, n, route.pairs);
+  return build_block_descriptors(route.pairs, sid, did, n);
 }
 
 // ---------------------------------------------------------------------------
@@ -564,17 +563,17 @@ kernel_path_op() {
   return op;
 }
 
-// The accelerator a swap_blocks call copies on, if any.
-std::optional<c10::Device> accelerator_of(at::TensorList src_caches, at::TensorList dst_caches) {
-  for (const auto& list : {src_caches, dst_caches}) {
-    for (const auto& t : list) {
-      if (!t.device().is_cpu()) return t.device();
-    }
+// The kernel reaches host memory through its device mapping, which only
+// page-locked memory has.
+bool host_side_pinned(at::TensorList caches) {
+  for (const auto& t : caches) {
+    if (t.device().is_cpu() && t.numel() > 0 && !t.is_pinned()) return false;
   }
-  return std::nullopt;
+  return true;
 }
 
-bool use_kernel_path(const std::vector<PairLayout>& pairs, c10::Device device) {
+bool use_kernel_path(const std::vector<PairLayout>& pairs, c10::Device device,
+                     at::TensorList src_caches, at::TensorList dst_caches) {
   const auto method = static_cast<CopyMethod>(g_copy_method.load());
   if (method == CopyMethod::kDma) return false;
   const bool available = kernel_path_op().hasKernelForDispatchKey(engine_key(device.type()));
@@ -585,7 +584,8 @@ bool use_kernel_path(const std::vector<PairLayout>& pairs, c10::Device device) {
   }
   int64_t largest = 0;
   for (const auto& p : pairs) largest = std::max(largest, p.block_bytes);
-  return available && largest < kKernelPathMaxBlockBytes;
+  return available && largest < kKernelPathMaxBlockBytes && host_side_pinned(src_caches) &&
+         host_side_pinned(dst_caches);
 }
 
 void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
@@ -608,29 +608,22 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
 
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
                  const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
-  if (const auto device = accelerator_of(src_caches, dst_caches)) {
-    check_ids_tensor(src_block_ids, "src_block_ids");
-    check_ids_tensor(dst_block_ids, "dst_block_ids");
-    TORCH_CHECK_VALUE(src_block_ids.numel() == dst_block_ids.numel(), "src_block_ids has ",
-                      src_block_ids.numel(), " ids but dst_block_ids has ", dst_block_ids.numel(),
-                      "; they are matched pairwise");
-    const auto pairs = layout_pairs(src_caches, dst_caches);
-    if (use_kernel_path(pairs, *device)) {
-      common_device(src_caches, "src_caches");
-      common_device(dst_caches, "dst_caches");
-      swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, pairs, *device);
-      return;
-    }
+  const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
+  if (!route.device.is_cpu() &&
+      use_kernel_path(route.pairs, route.device, src_caches, dst_caches)) {
+    swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs,
+                          route.device);
+    return;
   }
-  const auto plan = plan_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
-  submit(plan.descriptors, plan.direction, plan.device);
+  submit(describe_block_copy(route, src_block_ids, dst_block_ids), route.direction, route.device);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList src_caches,
                                                                 at::TensorList dst_caches,
                                                                 const at::Tensor& src_block_ids,
                                                                 const at::Tensor& dst_block_ids) {
-  return plan_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids).descriptors.rows();
+  const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
+  return describe_block_copy(route, src_block_ids, dst_block_ids).rows();
 }
 
 // ---------------------------------------------------------------------------

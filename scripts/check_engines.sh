@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compile-checks the accelerator engines that cannot run here, against their
 # real headers: csrc/ascend/ against torch-npu 2.13.0's shipped ACL and
-# torch_npu headers (both with and without the batch-memcpy API), and
-# csrc/cuda/ with nvcc against the CUDA runtime and the torch headers.
+# torch_npu headers (both with and without the batch-memcpy API), the core,
+# host engine and Ascend engine for aarch64 (cross compiler), and csrc/cuda/
+# with nvcc against the CUDA runtime and the torch headers.
 # Warnings in our code are errors. Exits non-zero on the first failure.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 CACHE="$ROOT/.ci-cache"
@@ -34,6 +35,25 @@ for src in csrc/ascend/*.cpp; do
       -isystem "$NPU_INC" -DKVSWAP_HAVE_ACL_BATCH_MEMCPY=$batch -DTORCH_EXTENSION_NAME=_C_npu
   done
 done
+
+# --- aarch64 (Ascend servers are often Arm hosts) ------------------------------
+# The core, the host engine and the Ascend engine must build without the
+# x86-only fast paths. Cross-compiled for syntax and codegen, not linked.
+XCXX="${AARCH64_CXX:-aarch64-linux-gnu-g++}"
+if ! command -v "$XCXX" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "[engines] installing $XCXX"
+  apt-get install -y -q g++-aarch64-linux-gnu >/dev/null 2>&1 || \
+    (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q g++-aarch64-linux-gnu >/dev/null 2>&1) || true
+fi
+if command -v "$XCXX" >/dev/null 2>&1; then
+  for src in csrc/registration.cpp csrc/core.cpp csrc/host/host_engine.cpp csrc/ascend/*.cpp; do
+    echo "[engines] $XCXX $src"
+    "$XCXX" -std=c++20 -O2 -fPIC -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \
+      -isystem "$NPU_INC" -DKVSWAP_HAVE_ACL_BATCH_MEMCPY=1 -DTORCH_EXTENSION_NAME=_C
+  done
+else
+  echo "[engines] WARNING: no aarch64 cross compiler ($XCXX); the aarch64 build is not checked" >&2
+fi
 
 # --- CUDA ---------------------------------------------------------------------
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
