@@ -128,3 +128,16 @@ def test_handler_style_pipeline_compiles(fresh_compile):
 
     store(device_cache, host_cache, torch.tensor([1, 5]))
     assert torch.equal(host_cache[:4], device_cache[[2, 3, 10, 11]])
+
+
+def test_tensor_op_with_an_empty_cache_traces_like_eager(fresh_compile):
+    # A cache with zero blocks is legal when no ids are given.
+    src, dst = [torch.zeros(0, 4)], [torch.zeros(3, 4)]
+
+    @torch.compile(fullgraph=True)
+    def step(s, d, si, di):
+        torch_kvswap.swap_blocks(s, d, si, di)
+        return d.sum()
+
+    empty = torch.empty(0, dtype=torch.int64)
+    assert step(src, dst, empty, empty).item() == 0.0

@@ -326,6 +326,10 @@ def test_constructor_rejects_bad_sizes():
         KVCacheOffloader({"a": torch.zeros(4, 2), "b": torch.zeros(3, 2)}, 16, 16, 1)
     with pytest.raises(ValueError, match="empty"):
         KVCacheOffloader({}, 16, 16, 1)
+    with pytest.raises(ValueError, match="pin_memory=True needs caches on an accelerator"):
+        KVCacheOffloader(caches, 16, 32, 4, pin_memory=True)
+    with pytest.raises(TypeError, match="expected a tensor or a"):
+        KVCacheOffloader({"a": "not a tensor"}, 16, 16, 1)
 
 
 def test_submitting_after_shutdown_raises_and_shutdown_is_idempotent(offloader):

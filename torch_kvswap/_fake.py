@@ -7,6 +7,8 @@ a malformed call fails at trace time as it would in eager mode.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 _ORDERED_EFFECT_OPS = ("kvswap::swap_blocks_batch",)
@@ -46,7 +48,7 @@ def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
                      lambda: f"src_caches[{i}] is {s.dtype} but dst_caches[{i}] is {d.dtype}")
         torch._check(s.dim() >= 1 and d.dim() >= 1,
                      lambda: f"src_caches[{i}] and dst_caches[{i}] need a block dimension")
-        torch._check(s[0].numel() == d[0].numel(),
+        torch._check(math.prod(s.shape[1:]) == math.prod(d.shape[1:]),
                      lambda: f"src_caches[{i}] and dst_caches[{i}] differ in bytes per block")
     for name, ids in (("src_block_ids", src_block_ids), ("dst_block_ids", dst_block_ids)):
         torch._check(ids.dtype == torch.int64, lambda: f"{name} must be int64, got {ids.dtype}")

@@ -199,6 +199,9 @@ class KVCacheOffloader:
         #: bytes of one device block across every cache tensor
         self.bytes_per_device_block = sum(self._block_bytes)
         on_accelerator = self.device.type != "cpu"
+        if pin_memory and not on_accelerator:
+            raise ValueError("pin_memory=True needs caches on an accelerator; these are on cpu, "
+                             "where the host engine copies pageable memory directly")
         #: whether the host mirrors are page-locked; _registered: pinned in place by us
         self.pinned = False
         self._registered = False
