@@ -503,6 +503,38 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
   return {std::move(pairs), Direction::kDeviceToDevice, src_dev};
 }
 
+// The (src, dst) id pairs ordered by source id, as one array: the sorted
+// source ids, then the matching destination ids. A counting sort when the
+// ids are dense enough (the usual case: ids index a cache not much larger
+// than the batch), else a comparison sort. Ids are already range-checked.
+std::vector<int64_t> sort_by_source(const int64_t* sid, const int64_t* did, int64_t n,
+                                    const std::vector<PairLayout>& pairs) {
+  int64_t limit = kInt64Max;
+  for (const auto& p : pairs) limit = std::min(limit, p.src.num_blocks);
+  std::vector<int64_t> out(static_cast<size_t>(2 * n));
+  int64_t* s = out.data();
+  int64_t* d = s + n;
+  if (limit <= 8 * n) {
+    std::vector<int64_t> start(static_cast<size_t>(limit) + 1, 0);
+    for (int64_t j = 0; j < n; ++j) ++start[static_cast<size_t>(sid[j]) + 1];
+    for (int64_t b = 0; b < limit; ++b) start[static_cast<size_t>(b) + 1] += start[static_cast<size_t>(b)];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t at = start[static_cast<size_t>(sid[j])]++;
+      s[at] = sid[j];
+      d[at] = did[j];
+    }
+    return out;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) order[static_cast<size_t>(j)] = j;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sid[a] < sid[b]; });
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = sid[order[static_cast<size_t>(j)]];
+    d[j] = did[order[static_cast<size_t>(j)]];
+  }
+  return out;
+}
+
 // Checks the id values and builds the descriptors. Ids are read on the host;
 // ids on an accelerator are brought over (a synchronizing copy).
 Descriptors describe_block_copy(const BlockCopyRoute& route, const at::Tensor& src_block_ids,
@@ -513,6 +545,13 @@ Descriptors describe_block_copy(const BlockCopyRoute& route, const at::Tensor& s
   const int64_t* did = did_t.const_data_ptr<int64_t>();
   const int64_t n = sid_t.numel();
   check_block_ids(sid, did, n, route.pairs);
+  if (route.device.is_cpu() && n > 1 && !std::is_sorted(sid, sid + n)) {
+    // The host engine reads scattered blocks much faster in address order
+    // (2 KiB blocks: 0.69 -> 0.76 of a contiguous copy; docs/performance.md).
+    // The copies are independent, so their order is free to choose.
+    const auto sorted = sort_by_source(sid, did, n, route.pairs);
+    return build_block_descriptors(route.pairs, sorted.data(), sorted.data() + n, n);
+  }
   return build_block_descriptors(route.pairs, sid, did, n);
 }
 

@@ -115,6 +115,25 @@ def test_runs_of_consecutive_blocks_become_one_descriptor():
     assert got == [[s + 4 * 32, s + 9 * 32, s + 10 * 32], [d, d + 3 * 32, d + 7 * 32], [96, 32, 32]]
 
 
+def test_host_copies_are_issued_in_source_address_order():
+    # Order is free (the copies are independent); address order reads faster,
+    # and lets runs merge that were split in the caller's order.
+    src, dst = torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 32, dtype=torch.uint8)
+    s, d = src.data_ptr(), dst.data_ptr()
+    got = plan([src], [dst], ids([9, 4, 5, 0]), ids([1, 6, 7, 12]))
+    assert got == [[s, s + 4 * 32, s + 9 * 32], [d + 12 * 32, d + 6 * 32, d + 32], [32, 64, 32]]
+
+
+def test_sparse_ids_in_a_large_cache_are_ordered_too():
+    src, dst = [random_cache((1000, 8), torch.float32, 9)], [torch.zeros(1000, 8)]
+    src_ids, dst_ids = ids([900, 3, 500]), ids([0, 999, 10])
+    got = plan(src, dst, src_ids, dst_ids)
+    assert got[0] == [src[0].data_ptr() + b * 32 for b in (3, 500, 900)]
+    expected = swap_blocks_ref(src, dst, src_ids, dst_ids)
+    torch_kvswap.swap_blocks(src, dst, src_ids, dst_ids)
+    assert torch.equal(dst[0], expected[0])
+
+
 def test_strided_caches_get_one_descriptor_per_block():
     stacked = torch.zeros(8, 2, 16, dtype=torch.uint8)  # halves have a 32-byte dim-0 stride
     dst = torch.zeros(8, 16, dtype=torch.uint8)
