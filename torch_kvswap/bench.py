@@ -106,29 +106,48 @@ class Timer:
         return time.perf_counter() - t0
 
 
-def make_case(block_bytes: int, args, device: torch.device, rng: np.random.Generator):
+class Arenas:
+    """The memory every case is carved from, allocated once per run.
+
+    Every block size and every method then works on the same physical pages:
+    a fresh allocation per size made the contiguous copy alone swing between
+    15 and 22 GB/s from one size to the next on the same machine.
+    """
+
+    def __init__(self, args, device: torch.device) -> None:
+        total = int(args.total_mib * 2**20)
+        dev_is_src = args.direction == "d2h"
+        on_device_src = dev_is_src and device.type != "cpu"
+        on_device_dst = (not dev_is_src) and device.type != "cpu"
+        pin = device.type != "cpu"
+
+        def arena(nbytes, on_device):
+            if on_device:
+                return torch.ones(nbytes, dtype=torch.uint8, device=device)
+            return torch.ones(nbytes, dtype=torch.uint8, pin_memory=pin)
+
+        # Caches: the source holds twice the moved blocks, so ids are a sample.
+        self.src = arena(2 * total, on_device_src)
+        self.dst = arena(total, on_device_dst)
+        self.flat_src = arena(total, on_device_src)
+        self.flat_dst = arena(total, on_device_dst)
+
+
+def make_case(block_bytes: int, args, arenas: Arenas, rng: np.random.Generator):
     dtype = getattr(torch, args.dtype)
     elems = block_bytes // dtype.itemsize
     tensors = 2 * args.layers
     n = max(1, int(args.total_mib * 2**20) // (block_bytes * tensors))
-    host_kw = {"pin_memory": device.type != "cpu"}
     dev_is_src = args.direction == "d2h"
-
-    def cache(blocks, on_device):
-        if on_device:
-            return torch.ones(blocks, elems, dtype=dtype, device=device)
-        return torch.ones(blocks, elems, dtype=dtype, **host_kw)
-
-    # The source cache is twice the moved blocks, so ids are a sample of it.
-    src = [cache(2 * n, dev_is_src or device.type == "cpu") for _ in range(tensors)]
-    dst = [cache(n, (not dev_is_src) and device.type != "cpu") for _ in range(tensors)]
+    total = n * tensors * block_bytes
+    src_all = arenas.src[:2 * total].view(dtype).view(tensors, 2 * n, elems)
+    dst_all = arenas.dst[:total].view(dtype).view(tensors, n, elems)
+    src = [src_all[t] for t in range(tensors)]
+    dst = [dst_all[t] for t in range(tensors)]
     sid = torch.from_numpy(rng.permutation(2 * n)[:n].astype(np.int64))
     did = torch.from_numpy(rng.permutation(n).astype(np.int64))
-    total = n * tensors * block_bytes
-    flat_src = torch.ones(total, dtype=torch.uint8, device=src[0].device,
-                          pin_memory=host_kw["pin_memory"] and src[0].device.type == "cpu")
-    flat_dst = torch.ones(total, dtype=torch.uint8, device=dst[0].device,
-                          pin_memory=host_kw["pin_memory"] and dst[0].device.type == "cpu")
+    flat_src = arenas.flat_src[:total]
+    flat_dst = arenas.flat_dst[:total]
     # Descriptors as the reference handler builds them (numpy broadcasting).
     sbase = np.array([t.data_ptr() for t in src], dtype=np.int64)[:, None]
     dbase = np.array([t.data_ptr() for t in dst], dtype=np.int64)[:, None]
@@ -170,24 +189,25 @@ def make_case(block_bytes: int, args, device: torch.device, rng: np.random.Gener
 def check_case(case) -> None:
     src, dst, sid, did = case
     for s, d in zip(src, dst):
-        s.copy_(torch.randint(-100, 100, s.shape).to(s.dtype))
+        s.view(torch.uint8).copy_(torch.randint(0, 255, s.view(torch.uint8).shape, dtype=torch.uint8))
     torch.ops.kvswap.swap_blocks(src, dst, sid, did)
     if src[0].device.type != "cpu" or dst[0].device.type != "cpu":
         torch.accelerator.synchronize()
     for s, d in zip(src, dst):
-        if not torch.equal(d.cpu()[did], s.cpu()[sid]):
+        if not torch.equal(d.cpu()[did].view(torch.uint8), s.cpu()[sid].view(torch.uint8)):
             raise AssertionError("kvswap_tensor copied the wrong bytes")
 
 
 def run_sizes(args, device: torch.device) -> list[Row]:
     rng = np.random.default_rng(args.seed)
     timer = Timer(device)
+    arenas = Arenas(args, device)
     rows: list[Row] = []
     methods = ["contiguous"] + [m for m in args.methods if m != "contiguous"]
     methods += [f"tensor[{mode}]" for mode in args.host_modes]
     for k, kib in enumerate(args.block_kib, 1):
         block_bytes = int(kib * 1024)
-        total, fns, case = make_case(block_bytes, args, device, rng)
+        total, fns, case = make_case(block_bytes, args, arenas, rng)
         check_case(case)
         progress(f"[{k}/{len(args.block_kib)}] {kib:g} KiB blocks: {total / 2**20:.0f} MiB in "
                  f"{total // (block_bytes * 2 * args.layers)} blocks x {2 * args.layers} tensors, "
