@@ -8,6 +8,8 @@ half and a benchmark in one go.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -46,11 +48,19 @@ def synced(device):
     return device
 
 
+@contextlib.contextmanager
+def using_copy_method(method: str):
+    torch_kvswap.set_copy_method(method)
+    try:
+        yield method
+    finally:
+        torch_kvswap.set_copy_method("auto")
+
+
 @pytest.fixture(params=["auto", "dma", "kernel"])
 def copy_method(request):
-    torch_kvswap.set_copy_method(request.param)
-    yield request.param
-    torch_kvswap.set_copy_method("auto")
+    with using_copy_method(request.param):
+        yield request.param
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -126,8 +136,7 @@ def test_compiled_store_sees_device_writes(kind, fresh_compile):
 def test_graph_replay_repeats_the_captured_dma_copies(kind):
     """DMA path under capture: a replay copies the blocks captured, whatever the ids hold later."""
     device = accelerator_or_skip(kind)
-    torch_kvswap.set_copy_method("dma")
-    try:
+    with using_copy_method("dma"):
         dev = caches(4096, torch.float32, 8, device, pairs=1, seed=9)
         host = caches(4096, torch.float32, 8, "host", pairs=1, seed=10)
         sid, did = torch.tensor([3]), torch.tensor([5])
@@ -140,14 +149,11 @@ def test_graph_replay_repeats_the_captured_dma_copies(kind):
         graph.replay()
         synced(device)
         assert bool((host[0][5] == 42.0).all())
-    finally:
-        torch_kvswap.set_copy_method("auto")
 
 
 def test_cuda_graph_replay_reads_ids_from_device_memory_on_the_kernel_path():
     device = accelerator_or_skip("cuda")
-    torch_kvswap.set_copy_method("kernel")
-    try:
+    with using_copy_method("kernel"):
         dev = caches(2048, torch.float32, 16, device, pairs=2, seed=11)
         host = caches(2048, torch.float32, 16, "host", pairs=2, seed=12)
         sid = torch.tensor([0, 1], device=device)
@@ -162,14 +168,11 @@ def test_cuda_graph_replay_reads_ids_from_device_memory_on_the_kernel_path():
         torch.cuda.synchronize()
         for d, h in zip(dev, host):
             assert torch.equal(h[12], d[7].cpu()) and torch.equal(h[3], d[9].cpu())
-    finally:
-        torch_kvswap.set_copy_method("auto")
 
 
 def test_cuda_kernel_path_skips_device_ids_out_of_range():
     device = accelerator_or_skip("cuda")
-    torch_kvswap.set_copy_method("kernel")
-    try:
+    with using_copy_method("kernel"):
         dev = caches(2048, torch.float32, 4, device, pairs=1, seed=13)
         host = caches(2048, torch.float32, 4, "host", pairs=1, seed=14)
         before = host[0].clone()
@@ -177,20 +180,15 @@ def test_cuda_kernel_path_skips_device_ids_out_of_range():
                                  torch.tensor([4, 1], device=device))
         torch.cuda.synchronize()
         assert torch.equal(host[0], before)  # both ids out of range for one side
-    finally:
-        torch_kvswap.set_copy_method("auto")
 
 
 def test_cuda_kernel_path_rejects_pageable_host_caches():
     device = accelerator_or_skip("cuda")
-    torch_kvswap.set_copy_method("kernel")
-    try:
+    with using_copy_method("kernel"):
         dev = caches(2048, torch.float32, 4, device, pairs=1)
         pageable = [torch.zeros(4, 512)]
         with pytest.raises(ValueError, match="pinned host memory"):
             torch_kvswap.swap_blocks(dev, pageable, torch.tensor([0]), torch.tensor([1]))
-    finally:
-        torch_kvswap.set_copy_method("auto")
 
 
 @pytest.mark.parametrize("kind", KINDS)
