@@ -168,3 +168,41 @@ def test_opcheck():
     dst = [torch.zeros(9, 2, 4, dtype=torch.bfloat16), torch.zeros(9, 2, 4, dtype=torch.bfloat16)]
     results = torch.library.opcheck(OP, (src, dst, ids([0, 5, 2]), ids([8, 1, 3])))
     assert set(results.values()) == {"SUCCESS"}, results
+
+
+def test_host_engine_works_in_a_forked_child():
+    """Data-loader style workers fork after the copy pool started; the child builds its own.
+
+    The child runs only the op and numpy: torch's own OpenMP kernels are not
+    fork-safe once the parent has used them, which is torch's limit, not ours.
+    """
+    import os
+    import time
+
+    import numpy as np
+
+    src = [random_cache((64, 32768), torch.uint8, 10)]  # 2 MiB: split across the pool
+    dst = [torch.zeros(64, 32768, dtype=torch.uint8)]
+    out = [torch.zeros(64, 32768, dtype=torch.uint8)]
+    fwd, rev = torch.arange(64), torch.arange(64).flip(0)
+    torch_kvswap.swap_blocks(src, dst, fwd, rev)  # starts the pool in the parent
+    pid = os.fork()
+    if pid == 0:  # child
+        ok = False
+        try:
+            torch_kvswap.swap_blocks(src, out, fwd, fwd)
+            ok = bool(np.array_equal(out[0].numpy(), src[0].numpy()))
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child hung")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert torch.equal(dst[0], src[0].flip(0))
