@@ -123,8 +123,9 @@ constexpr int64_t kParallelThreshold = int64_t{1} << 20;
 // How bytes are moved, from KVSWAP_HOST_COPY (read per call, so the benchmark
 // can compare the alternatives in one run; docs/performance.md has the
 // numbers): `auto` (default) picks `stream` where AVX2 is available for
-// batches larger than the last-level cache, else `prefetch`. `parallel_for`
-// and `memcpy` are the measured baselines.
+// batches larger than the last-level cache, else `memcpy` (prefetching the
+// next block measured no better with ordinary stores). `parallel_for` is the
+// measured baseline.
 enum class CopyMode { kAuto, kParallelFor, kMemcpy, kPrefetch, kStream };
 
 CopyMode configured_mode() {
@@ -242,9 +243,9 @@ void copy_batch(const CopyBatch& b) {
   }
   if (mode == CopyMode::kAuto) {
     mode = (cpu_has_avx2() && b.total_bytes >= kStreamThreshold) ? CopyMode::kStream
-                                                                  : CopyMode::kPrefetch;
+                                                                  : CopyMode::kMemcpy;
   } else if (mode == CopyMode::kStream && !cpu_has_avx2()) {
-    mode = CopyMode::kPrefetch;
+    mode = CopyMode::kMemcpy;
   }
   auto& pool = HostCopyPool::instance();
   const int parts =
