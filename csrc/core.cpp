@@ -64,6 +64,16 @@ const char* engine_hint(c10::DeviceType type) {
   }
 }
 
+// The dispatch key set that reaches `device`'s engine kernel of `op`, or a
+// NotImplementedError saying which engine is missing and how to get it.
+c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device,
+                               const char* purpose) {
+  const auto key = engine_key(device.type());
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device,
+                              " ", purpose, ": ", engine_hint(device.type()));
+  return c10::DispatchKeySet(key);
+}
+
 // Descriptor tables are recycled: a table is taken from this pool and goes
 // back when its last reference drops (the engine holds one until the copy no
 // longer needs it). Reuse keeps the hot path free of fresh page faults, which
@@ -146,11 +156,8 @@ void submit(const Descriptors& d, Direction direction, c10::Device device) {
                              .findSchemaOrThrow("kvswap::_submit", "")
                              .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          int64_t, int64_t, c10::Device)>();
-  const auto key = engine_key(device.type());
-  TORCH_CHECK(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device, ": ",
-              engine_hint(device.type()));
   auto [src, dst, size] = d.rows();
-  op.redispatch(c10::DispatchKeySet(key), src, dst, size, static_cast<int64_t>(direction),
+  op.redispatch(engine_for(op, device, "to copy"), src, dst, size, static_cast<int64_t>(direction),
                 d.total_bytes, device);
 }
 
@@ -728,10 +735,7 @@ void host_register(const at::Tensor& buffer, c10::Device device, bool pin) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("kvswap::_host_register", "")
                              .typed<void(const at::Tensor&, c10::Device, bool)>();
-  const auto key = engine_key(device.type());
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device,
-                              " to pin host memory: ", engine_hint(device.type()));
-  op.redispatch(c10::DispatchKeySet(key), buffer, device, pin);
+  op.redispatch(engine_for(op, device, "to pin host memory"), buffer, device, pin);
 }
 
 }  // namespace
