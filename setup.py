@@ -62,12 +62,29 @@ def _rel(paths: list[Path]) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in paths]
 
 
+def _torch_parallel_backend_is_openmp() -> bool:
+    """True when torch's at::parallel_for is OpenMP (ATen/Config.h says so)."""
+    from torch.utils.cpp_extension import include_paths
+
+    for inc in include_paths():
+        config = Path(inc) / "ATen" / "Config.h"
+        if config.is_file():
+            return "#define AT_PARALLEL_OPENMP 1" in config.read_text()
+    return False
+
+
 def core_extension() -> CppExtension:
     sources = [CSRC / "registration.cpp", CSRC / "core.cpp", CSRC / "host" / "host_engine.cpp"]
+    # The host engine runs on at::parallel_for, which is inline OpenMP code
+    # when torch's backend is OpenMP. Linking -fopenmp adds a libgomp.so.1
+    # dependency that resolves to the copy torch already loaded, so the
+    # process keeps one OpenMP runtime and one set of threads.
+    openmp = ["-fopenmp"] if _torch_parallel_backend_is_openmp() else []
     return CppExtension(
         "torch_kvswap._C",
         _rel(sources),
-        extra_compile_args={"cxx": STRICT_CXX},
+        extra_compile_args={"cxx": STRICT_CXX + openmp},
+        extra_link_args=openmp,
         py_limited_api=False,
     )
 

@@ -38,7 +38,8 @@ done
 
 # --- aarch64 (Ascend servers are often Arm hosts) ------------------------------
 # The core, the host engine and the Ascend engine must build without the
-# x86-only fast paths. Cross-compiled for syntax and codegen, not linked.
+# x86-only fast paths. Cross-compiled for syntax and codegen, not linked;
+# -fopenmp as setup.py passes it (torch's parallel backend is OpenMP).
 XCXX="${AARCH64_CXX:-aarch64-linux-gnu-g++}"
 if ! command -v "$XCXX" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "[engines] installing $XCXX"
@@ -48,7 +49,7 @@ fi
 if command -v "$XCXX" >/dev/null 2>&1; then
   for src in csrc/registration.cpp csrc/core.cpp csrc/host/host_engine.cpp csrc/ascend/*.cpp; do
     echo "[engines] $XCXX $src"
-    "$XCXX" -std=c++20 -O2 -fPIC -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \
+    "$XCXX" -std=c++20 -O2 -fPIC -fopenmp -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \
       -isystem "$NPU_INC" -DKVSWAP_HAVE_ACL_BATCH_MEMCPY=1 -DTORCH_EXTENSION_NAME=_C
   done
 else

@@ -171,21 +171,23 @@ def test_opcheck():
 
 
 def test_host_engine_works_in_a_forked_child():
-    """Data-loader style workers fork after the copy pool started; the child builds its own.
+    """Data-loader style workers fork after the copy threads ran; the child still copies.
 
-    The child runs only the op and numpy: torch's own OpenMP kernels are not
-    fork-safe once the parent has used them, which is torch's limit, not ours.
+    The engine copies on torch's OpenMP threads, which do not survive fork():
+    in a forked child it copies on the calling thread instead of hanging. The
+    child runs only the op and numpy: torch's own OpenMP kernels hang there
+    once the parent has used them, which is torch's limit, not ours.
     """
     import os
     import time
 
     import numpy as np
 
-    src = [random_cache((64, 32768), torch.uint8, 10)]  # 2 MiB: split across the pool
+    src = [random_cache((64, 32768), torch.uint8, 10)]  # 2 MiB: split across the threads
     dst = [torch.zeros(64, 32768, dtype=torch.uint8)]
     out = [torch.zeros(64, 32768, dtype=torch.uint8)]
     fwd, rev = torch.arange(64), torch.arange(64).flip(0)
-    torch_kvswap.swap_blocks(src, dst, fwd, rev)  # starts the pool in the parent
+    torch_kvswap.swap_blocks(src, dst, fwd, rev)  # starts the OpenMP threads in the parent
     pid = os.fork()
     if pid == 0:  # child
         ok = False

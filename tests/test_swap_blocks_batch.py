@@ -135,8 +135,21 @@ def test_matches_a_byte_by_byte_reference(blocks, direction):
     assert dst.numpy().tobytes() == bytes(expected)
 
 
-def test_large_batch_split_across_threads_is_exact():
-    # Over the parallel threshold, with sizes that do not divide evenly.
+@pytest.fixture
+def intra_op_threads():
+    """Sets torch's intra-op thread count (the engine's copy threads) for one test."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("mode", ["auto", "memcpy", "prefetch", "stream", "parallel_for"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_large_batch_split_across_threads_is_exact(threads, mode, intra_op_threads, monkeypatch):
+    # Over the parallel threshold, with sizes that do not divide evenly, so
+    # the byte split cuts descriptors; every copy routine, 1 to 3 threads.
+    intra_op_threads(threads)
+    monkeypatch.setenv("KVSWAP_HOST_COPY", mode)
     n_blocks, block = 700, 4099
     src = arena(n_blocks * block, seed=5)
     dst = torch.zeros_like(src)

@@ -1,17 +1,14 @@
-// The host engine: copies a CopyBatch with memcpy on a small persistent
-// thread pool. It serves `kvswap::_submit` under the CPU key, so it runs when
-// both sides of a copy are host memory, and for the pointer op on a machine
-// with no accelerator. It is synchronous: the bytes have arrived on return.
+// The host engine: copies a CopyBatch on torch's intra-op threads, split by
+// bytes, with streaming stores for large batches. It serves `kvswap::_submit`
+// under the CPU key, so it runs when both sides of a copy are host memory, and
+// for the pointer op on a machine with no accelerator. It is synchronous: the
+// bytes have arrived on return.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <atomic>
-#include <condition_variable>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <string>
 #include <vector>
 
@@ -29,92 +26,38 @@
 namespace kvswap {
 namespace {
 
-// A fixed set of worker threads that each run one part of a job. The caller
-// runs part 0 itself. Jobs are serialized: the handler's worker thread and a
-// model thread may both submit. After fork() the child builds a new pool (the
-// parent's threads do not exist there).
-class HostCopyPool {
- public:
-  static HostCopyPool& instance() {
-    static std::mutex creation;
-    static HostCopyPool* pool = nullptr;
-    static pid_t owner = 0;
-    std::lock_guard<std::mutex> lock(creation);
-    if (pool == nullptr || owner != getpid()) {
-      pool = new HostCopyPool(configured_threads());  // never freed: process lifetime
-      owner = getpid();
-    }
-    return *pool;
+// at::parallel_for is header code: with torch's OpenMP backend it becomes an
+// OpenMP parallel region in this file, and without -fopenmp it silently runs
+// on one thread. setup.py passes -fopenmp whenever torch's backend is OpenMP.
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "torch's parallel backend is OpenMP: compile the host engine with -fopenmp, or at::parallel_for runs on one thread"
+#endif
+
+// The copy threads are torch's intra-op threads. They are the threads that
+// just ran the caller's previous torch op, and with OpenMP they keep spinning
+// for a while after it: a separate pool of copy threads had to share the CPUs
+// with them and lost a third of its speed (docs/performance.md, attempt 9).
+//
+// Like torch's own OpenMP kernels, the thread pool does not survive fork():
+// a process forked from the one that loaded this library copies on the
+// calling thread instead of hanging.
+const pid_t g_loading_pid = getpid();
+
+bool threads_usable() { return getpid() == g_loading_pid; }
+
+// Runs fn(0) .. fn(parts - 1) on the intra-op threads and returns when all
+// are done; on the calling thread alone inside another parallel region or in
+// a forked child.
+template <typename Fn>
+void run_parts(int64_t parts, const Fn& fn) {
+  if (parts <= 1 || !threads_usable()) {
+    for (int64_t p = 0; p < parts; ++p) fn(p);
+    return;
   }
-
-  int threads() const { return static_cast<int>(workers_.size()) + 1; }
-
-  // Runs fn(0) .. fn(parts - 1), fn(0) on the calling thread; returns when
-  // all parts are done. parts <= threads().
-  void run(int parts, const std::function<void(int)>& fn) {
-    std::lock_guard<std::mutex> serial(submit_);
-    if (parts <= 1) {
-      fn(0);
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      job_ = &fn;
-      parts_ = parts;
-      pending_.store(parts - 1, std::memory_order_relaxed);
-      ++generation_;
-    }
-    wake_.notify_all();
-    fn(0);
-    // Parts are short (one share of one batch); spin rather than sleep so a
-    // small batch does not pay a futex round trip at the end.
-    while (pending_.load(std::memory_order_acquire) != 0) {
-      std::this_thread::yield();
-    }
-  }
-
- private:
-  explicit HostCopyPool(int threads) {
-    for (int i = 1; i < threads; ++i) {
-      workers_.emplace_back([this, i] { work(i); });
-      workers_.back().detach();
-    }
-  }
-
-  static int configured_threads() {
-    if (const char* env = std::getenv("KVSWAP_HOST_THREADS")) {
-      const int n = std::atoi(env);
-      if (n >= 1) return n;
-    }
-    return std::max(1, at::get_num_threads());
-  }
-
-  void work(int index) {
-    uint64_t seen = 0;
-    for (;;) {
-      const std::function<void(int)>* job = nullptr;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return generation_ != seen; });
-        seen = generation_;
-        if (index < parts_) job = job_;
-      }
-      if (job != nullptr) {
-        (*job)(index);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-      }
-    }
-  }
-
-  std::mutex submit_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  const std::function<void(int)>* job_ = nullptr;
-  int parts_ = 0;
-  uint64_t generation_ = 0;
-  std::atomic<int> pending_{0};
-  std::vector<std::thread> workers_;
-};
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) fn(p);
+  });
+}
 
 // Below this many bytes one thread copies everything: waking a worker costs
 // more than it saves.
@@ -234,11 +177,16 @@ void copy_batch(const CopyBatch& b) {
   if (mode == CopyMode::kParallelFor) {
     // The textbook loop, kept as the measured baseline: one descriptor per
     // iteration, split by count.
-    at::parallel_for(0, b.count, 1, [&](int64_t begin, int64_t end) {
+    auto copy = [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         std::memcpy(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]));
       }
-    });
+    };
+    if (threads_usable()) {
+      at::parallel_for(0, b.count, 1, copy);
+    } else {
+      copy(0, b.count);
+    }
     return;
   }
   if (mode == CopyMode::kAuto) {
@@ -247,10 +195,9 @@ void copy_batch(const CopyBatch& b) {
   } else if (mode == CopyMode::kStream && !cpu_has_avx2()) {
     mode = CopyMode::kMemcpy;
   }
-  auto& pool = HostCopyPool::instance();
   const int parts =
       b.total_bytes < kParallelThreshold ? 1 : static_cast<int>(std::min<int64_t>(
-                                                   pool.threads(), b.total_bytes / (kParallelThreshold / 2)));
+                                                   at::get_num_threads(), b.total_bytes / (kParallelThreshold / 2)));
   if (parts <= 1) {
     copy_byte_range(b, 0, 0, b.total_bytes, mode);
     return;
@@ -269,7 +216,7 @@ void copy_batch(const CopyBatch& b) {
     offset[p] = begin - consumed;
     share[p] = end - begin;
   }
-  pool.run(parts, [&](int p) { copy_byte_range(b, first[p], offset[p], share[p], mode); });
+  run_parts(parts, [&](int64_t p) { copy_byte_range(b, first[p], offset[p], share[p], mode); });
 }
 
 void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
