@@ -27,3 +27,15 @@ def test_bench_writes_a_table_and_json(tmp_path, capsys):
     assert all(r["ratio_to_contiguous"] == 1.0 for r in limit)
     assert all(r["gbps"] > 0 and r["ratio_to_run_limit"] > 0 for r in data["rows"])
     assert "against the run's median contiguous copy" in out
+    index = {r["block_kib"]: r for r in data["rows"] if r["method"] == "index"}
+    assert all(r["speedup_over_index"] == 1.0 for r in index.values())
+    assert all(r["speedup_over_index"] > 0 for r in data["rows"])
+    assert "speed-up over index_select + index_copy_" in out
+
+
+def test_bench_without_index_has_no_speedup_column(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert bench.main(["--block-kib", "4", "--total-mib", "1", "--layers", "1", "--repeats", "1",
+                       "--methods", "contiguous", "kvswap_tensor", "--json", str(path)]) == 0
+    assert "speed-up over index" not in capsys.readouterr().out
+    assert all(r["speedup_over_index"] is None for r in json.loads(path.read_text())["rows"])

@@ -14,6 +14,9 @@ Source and destination block ids are random permutations, so blocks are
 scattered on both sides. Repetitions interleave the methods, so drift on a
 shared machine hits them all alike; the median time is reported.
 
+When ``index`` runs, the kvswap ops' speed-up over it is printed too, paired
+per repetition the same way.
+
 ``--overhead`` also measures the host-side cost of building descriptors (a dry
 run that moves no bytes), per descriptor and per call.
 
@@ -51,6 +54,9 @@ class Row:
     #: contiguous copy's own buffers are allocated per size and its speed
     #: varies with where they land, so this damps that noise
     ratio_to_run_limit: float = 0.0
+    #: index_select/index_copy_ time over this method's time, paired per
+    #: repetition like ratio_to_contiguous; None when ``index`` was not run
+    speedup_over_index: float | None = None
     seconds_all: list[float] = field(default_factory=list)
 
 
@@ -225,7 +231,10 @@ def run_sizes(args, device: torch.device) -> list[Row]:
             # timed in the same round, so slow spells of a shared machine
             # cancel out; the median of those ratios is reported.
             ratio = statistics.median(c / t for c, t in zip(times["contiguous"], times[m]))
-            rows.append(Row(kib, m, total / med / 1e9, ratio, med, times[m]))
+            over_index = (statistics.median(i / t for i, t in zip(times["index"], times[m]))
+                          if "index" in times else None)
+            rows.append(Row(kib, m, total / med / 1e9, ratio, med, speedup_over_index=over_index,
+                            seconds_all=times[m]))
         del fns, case
     run_limit = statistics.median(r.gbps for r in rows if r.method == "contiguous")
     for r in rows:
@@ -304,6 +313,18 @@ def print_run_limit_table(rows: list[Row]) -> None:
         print(f"| {s:g} KiB | " + " | ".join(f"{by[s, m].ratio_to_run_limit:.2f}" for m in methods) + " |")
 
 
+def print_index_table(rows: list[Row]) -> None:
+    methods = [m for m in ("kvswap_ptr", "kvswap_tensor") if any(r.method == m for r in rows)]
+    if not methods or all(r.speedup_over_index is None for r in rows):
+        return
+    by = {(r.block_kib, r.method): r for r in rows}
+    print("\nspeed-up over index_select + index_copy_ (paired per repetition):")
+    print("| block | " + " | ".join(methods) + " |")
+    print("|---" * (len(methods) + 1) + "|")
+    for s in dict.fromkeys(r.block_kib for r in rows):
+        print(f"| {s:g} KiB | " + " | ".join(f"{by[s, m].speedup_over_index:.1f}x" for m in methods) + " |")
+
+
 def plot(rows: list[Row], path: str, title: str) -> bool:
     try:
         import matplotlib
@@ -349,6 +370,7 @@ def main(argv=None) -> int:
     rows = run_sizes(args, device)
     print_table(rows)
     print_run_limit_table(rows)
+    print_index_table(rows)
     result = {"env": env, "rows": [asdict(r) for r in rows]}
     if args.overhead:
         result["overhead"] = measure_overhead(args)
