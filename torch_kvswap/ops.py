@@ -48,8 +48,9 @@ def swap_blocks_batch(
     current accelerator** (``torch.accelerator.current_stream()``) and are
     asynchronous with respect to the host when both the accelerator and pinned
     host memory allow it: synchronize or record an event before reading the
-    destination. With no accelerator the host engine copies with memcpy on a
-    thread pool and returns when the bytes have arrived.
+    destination. With no accelerator the host engine copies on torch's
+    intra-op threads (``torch.get_num_threads()``) and returns when the bytes
+    have arrived.
 
     Every descriptor is validated before any byte moves (negative size, null
     address with a non-zero size, an address range that wraps or where source

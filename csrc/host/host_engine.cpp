@@ -168,8 +168,8 @@ void memcpy_pieces(Pieces pieces, bool prefetch) {
 // scattered block starts with a round of cache, TLB and DRAM misses; copying
 // several blocks line by line in turn overlaps those rounds instead of paying
 // them one after another. Measured against one block at a time: 2 blocks
-// +8 %, 4 blocks +11-19 % for 2-64 KiB blocks; 8 blocks gained 5 % more at
-// 2 KiB but lost at 64 KiB and above (docs/performance.md, attempt 10).
+// +8 %, 4 blocks +11-26 % for 2-64 KiB blocks; 8 blocks gained 4 % more at
+// 2 KiB but lost at 16 KiB and above (docs/performance.md, attempt 10).
 constexpr int kStreams = 4;
 
 #if KVSWAP_HAVE_STREAM_COPY
