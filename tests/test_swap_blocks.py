@@ -170,6 +170,41 @@ def test_opcheck():
     assert set(results.values()) == {"SUCCESS"}, results
 
 
+@pytest.mark.parametrize("mode", ["auto", "stream"])
+def test_calls_from_several_threads_at_once_are_all_exact(mode, monkeypatch):
+    """Offload handlers copy from worker threads; each call gets torch's
+    intra-op threads of its own calling thread, and none disturbs another."""
+    import threading
+
+    monkeypatch.setenv("KVSWAP_HOST_COPY", mode)
+    jobs = []
+    for j in range(4):
+        src = [random_cache((96, 16384), torch.uint8, 40 + j) for _ in range(2)]  # 3 MiB per call
+        dst = [torch.zeros(96, 16384, dtype=torch.uint8) for _ in range(2)]
+        perm = torch.randperm(96, generator=torch.Generator().manual_seed(j))
+        jobs.append((src, dst, perm))
+    errors = []
+
+    def run(src, dst, perm):
+        try:
+            for _ in range(5):
+                torch_kvswap.swap_blocks(src, dst, torch.arange(96), perm)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=job) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    for src, dst, perm in jobs:
+        for s, d in zip(src, dst):
+            expected = torch.empty_like(s)
+            expected[perm] = s
+            assert torch.equal(d, expected)
+
+
 def test_host_engine_works_in_a_forked_child():
     """Data-loader style workers fork after the copy threads ran; the child still copies.
 
