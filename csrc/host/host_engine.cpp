@@ -67,7 +67,7 @@ constexpr int64_t kParallelThreshold = int64_t{1} << 20;
 // How bytes are moved, from KVSWAP_HOST_COPY (read per call, so the benchmark
 // can compare the alternatives in one run; docs/performance.md has the
 // numbers): `auto` (default) picks `stream` where AVX2 is available for
-// batches larger than the last-level cache, else `memcpy` (prefetching the
+// batches of kStreamThreshold bytes or more, else `memcpy` (prefetching the
 // next block measured no better with ordinary stores). `parallel_for` is the
 // measured baseline.
 enum class CopyMode { kAuto, kParallelFor, kMemcpy, kPrefetch, kStream };
@@ -83,8 +83,11 @@ CopyMode configured_mode() {
   return CopyMode::kAuto;
 }
 
-// Batches larger than this do not stay in cache, so writing around the cache
-// (non-temporal stores) saves reading every destination line first.
+// Batches this large do not stay in cache (16 MiB is about half a server's
+// last-level cache, glibc's rule for its own memcpy), so writing around the
+// cache (non-temporal stores) saves reading every destination line first.
+// Smaller batches use ordinary stores: their destination stays in cache for
+// whoever reads it next.
 constexpr int64_t kStreamThreshold = int64_t{16} << 20;
 
 bool cpu_has_avx2() {
@@ -108,7 +111,6 @@ inline void prefetch_block(const char* p, size_t bytes) {
     __builtin_prefetch(p + off, 0, 3);
   }
 }
-
 
 // One contiguous run of bytes of a part: a whole descriptor, or the end of
 // one that a part boundary cut.
