@@ -83,11 +83,10 @@ CopyMode configured_mode() {
   return CopyMode::kAuto;
 }
 
-// Batches this large do not stay in cache (16 MiB is about half a server's
-// last-level cache, glibc's rule for its own memcpy), so writing around the
-// cache (non-temporal stores) saves reading every destination line first.
-// Smaller batches use ordinary stores: their destination stays in cache for
-// whoever reads it next.
+// Batches this large (half this machine's last-level cache) mostly do not
+// stay in cache, so writing around the cache (non-temporal stores) saves
+// reading every destination line first. Smaller batches use ordinary stores:
+// their destination stays in cache for whoever reads it next.
 constexpr int64_t kStreamThreshold = int64_t{16} << 20;
 
 bool cpu_has_avx2() {
