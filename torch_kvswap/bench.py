@@ -11,8 +11,9 @@ bytes measured in the same run (the limit). Methods:
 * ``index`` — ``index_select`` + ``index_copy_`` per cache tensor.
 
 Source and destination block ids are random permutations, so blocks are
-scattered on both sides. Repetitions interleave the methods, so drift on a
-shared machine hits them all alike; the median time is reported.
+scattered on both sides. Each repetition times every method at every block
+size, in a rotating order, so drift on a shared machine hits them all alike;
+the median time is reported.
 
 When ``index`` runs, the kvswap ops' speed-up over it is printed too, paired
 per repetition the same way.
@@ -208,34 +209,42 @@ def run_sizes(args, device: torch.device) -> list[Row]:
     rng = np.random.default_rng(args.seed)
     timer = Timer(device)
     arenas = Arenas(args, device)
-    rows: list[Row] = []
     methods = ["contiguous"] + [m for m in args.methods if m != "contiguous"]
     methods += [f"tensor[{mode}]" for mode in args.host_modes]
+    # Every size's case is carved from the same arenas, so all can be set up
+    # first and then timed in the same rounds: a fast or slow spell of the
+    # machine then falls on all block sizes alike instead of on one of them.
+    cases = []
     for k, kib in enumerate(args.block_kib, 1):
         block_bytes = int(kib * 1024)
         total, fns, case = make_case(block_bytes, args, arenas, rng)
         check_case(case)
         progress(f"[{k}/{len(args.block_kib)}] {kib:g} KiB blocks: {total / 2**20:.0f} MiB in "
                  f"{total // (block_bytes * 2 * args.layers)} blocks x {2 * args.layers} tensors, "
-                 f"{args.repeats} repeats")
-        times: dict[str, list[float]] = {m: [] for m in methods}
+                 f"checked")
+        cases.append((kib, total, fns))
         for m in methods:
             timer(fns[m])  # warm-up: first touch, allocator, caches
-        for r in range(args.repeats):
+    times: dict[tuple[float, str], list[float]] = {(kib, m): [] for kib, _, _ in cases for m in methods}
+    for r in range(args.repeats):
+        progress(f"repetition {r + 1}/{args.repeats}: {len(cases)} block sizes x {len(methods)} methods")
+        for kib, _, fns in cases:
             # Rotate the order too, so no method always follows the same one.
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
-                times[m].append(timer(fns[m]))
+                times[kib, m].append(timer(fns[m]))
+    rows: list[Row] = []
+    for kib, total, _ in cases:
         for m in methods:
-            med = statistics.median(times[m])
+            t = times[kib, m]
+            med = statistics.median(t)
             # Paired per repetition: each method against the contiguous copy
-            # timed in the same round, so slow spells of a shared machine
-            # cancel out; the median of those ratios is reported.
-            ratio = statistics.median(c / t for c, t in zip(times["contiguous"], times[m]))
-            over_index = (statistics.median(i / t for i, t in zip(times["index"], times[m]))
-                          if "index" in times else None)
+            # of the same size timed in the same round, so slow spells of a
+            # shared machine cancel out; the median of those ratios is reported.
+            ratio = statistics.median(c / x for c, x in zip(times[kib, "contiguous"], t))
+            over_index = (statistics.median(i / x for i, x in zip(times[kib, "index"], t))
+                          if "index" in methods else None)
             rows.append(Row(kib, m, total / med / 1e9, ratio, med, speedup_over_index=over_index,
-                            seconds_all=times[m]))
-        del fns, case
+                            seconds_all=t))
     run_limit = statistics.median(r.gbps for r in rows if r.method == "contiguous")
     for r in rows:
         r.ratio_to_run_limit = r.gbps / run_limit
