@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -323,7 +324,9 @@ c10::Device pointer_op_device() {
   if (!accelerator.has_value()) {
     return c10::Device(c10::DeviceType::CPU);
   }
-  return c10::Device(*accelerator, at::accelerator::getDeviceIndex());
+  // The accelerator's current device (at::accelerator::getDeviceIndex()
+  // does the same, but only from torch 2.7 on).
+  return c10::impl::getDeviceGuardImpl(*accelerator)->getDevice();
 }
 
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._higher_order_ops.effects import _EffectType, _get_effect
+from torch._higher_order_ops import effects
+from torch._higher_order_ops.effects import _EffectType
 from torch._library.simple_registry import singleton as simple_registry
 
 import torch_kvswap
 
 PUBLIC = ["kvswap::swap_blocks_batch", "kvswap::swap_blocks", "kvswap::expand_block_ids"]
+
+
+def effect_of(op):
+    """The side effect torch.compile records for an op (torch >= 2.10 has an
+    accessor; older releases keep the SIDE_EFFECTS table)."""
+    get = getattr(effects, "_get_effect", None)
+    return get(op) if get is not None else effects.SIDE_EFFECTS.get(op)
 
 
 def kvswap_ops() -> list[str]:
@@ -34,14 +42,14 @@ def test_every_op_taking_tensors_has_a_fake_kernel(qualname):
 
 
 def test_pointer_op_is_an_ordered_side_effect():
-    assert _get_effect(torch.ops.kvswap.swap_blocks_batch.default) == _EffectType.ORDERED
+    assert effect_of(torch.ops.kvswap.swap_blocks_batch.default) == _EffectType.ORDERED
 
 
 def test_tensor_op_declares_its_destinations_mutated_and_nothing_else():
     schema = torch.ops.kvswap.swap_blocks.default._schema
     mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert mutated == ["dst_caches"]
-    assert _get_effect(torch.ops.kvswap.swap_blocks.default) is None
+    assert effect_of(torch.ops.kvswap.swap_blocks.default) is None
 
 
 def test_pointer_op_marks_no_argument_mutated():

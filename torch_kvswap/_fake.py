@@ -116,6 +116,14 @@ def _register_ordered_effect(qualname: str) -> None:
     from torch._higher_order_ops import effects  # older releases keep a plain table
 
     effects.SIDE_EFFECTS[op] = _EffectType.ORDERED
+    # On those releases a later dead-code pass (torch 2.6: Inductor's
+    # tensorify_python_scalars) drops the effect-token nodes of a graph whose
+    # effects feed no output, and the op with them. They are side effects by
+    # definition; say so.
+    from torch.fx.node import has_side_effect
+
+    has_side_effect(torch.ops.prims._sink_tokens.default)
+    has_side_effect(torch.ops.higher_order.with_effects)
 
 
 for _qualname in _ORDERED_EFFECT_OPS:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 import torch_kvswap
+from torch_kvswap.demo import pick_device
 
 METHODS = ["contiguous", "kvswap_ptr", "kvswap_tensor", "copy_loop", "index"]
 
@@ -360,10 +361,7 @@ def plot(rows: list[Row], path: str, title: str) -> bool:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.device:
-        device = torch.device(args.device)
-    else:
-        device = torch.accelerator.current_accelerator() or torch.device("cpu")
+    device = pick_device(args.device)
     env = {
         "device": str(device),
         "torch": torch.__version__,

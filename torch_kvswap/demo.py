@@ -39,10 +39,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def pick_device(name: str | None) -> torch.device:
+    """`name`, else the current accelerator, else the CPU."""
     if name:
         return torch.device(name)
-    acc = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
-    return acc if acc is not None else torch.device("cpu")
+    acc = getattr(torch, "accelerator", None)
+    # torch 2.6 raises from current_accelerator() when there is none.
+    if acc is None or not acc.is_available():
+        return torch.device("cpu")
+    return acc.current_accelerator()
 
 
 def fill_random(t: torch.Tensor, gen: torch.Generator) -> None:
