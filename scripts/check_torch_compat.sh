@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds torch_kvswap against another torch release and runs the test suite
+# with it, in a copy of the working tree (the in-place build of .venv stays
+# as it is). Usage: bash scripts/check_torch_compat.sh [VERSION]  (default
+# 2.6.0, the oldest release setup.py accepts). Accelerator engines are not
+# built: this checks the core, the host engine and the Python package.
+# Downloads torch and, for CUDA builds of torch, its CUDA libraries (a few GB)
+# into .venv-torch-VERSION/ on first use.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VERSION="${1:-2.6.0}"
+VENV="$ROOT/.venv-torch-$VERSION"
+PY="$VENV/bin/python"
+if [ ! -x "$PY" ]; then
+  echo "[compat] creating $VENV"
+  "${PYTHON:-python3}" -m venv "$VENV"
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$VERSION')" 2>/dev/null; then
+  echo "[compat] installing torch==$VERSION"
+  "$PY" -m pip install --quiet "torch==$VERSION" numpy ninja setuptools wheel pytest hypothesis expecttest
+fi
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$WORK")
+cd "$WORK"
+echo "[compat] building against torch $("$PY" -c 'import torch; print(torch.__version__)')"
+KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_NPU=0 "$PY" setup.py --quiet build_ext --inplace
+"$PY" -m pytest -q -p no:cacheprovider tests "${@:2}"
