@@ -3,7 +3,8 @@
 # with it, in a copy of the working tree (the in-place build of .venv stays
 # as it is). Usage: bash scripts/check_torch_compat.sh [VERSION]  (default
 # 2.6.0, the oldest release setup.py accepts). Accelerator engines are not
-# built: this checks the core, the host engine and the Python package.
+# built: this checks the core, the host engine and the Python package, and
+# compiles the CUDA engine against that release's headers when nvcc exists.
 # Downloads torch and, for CUDA builds of torch, its CUDA libraries (a few GB)
 # into .venv-torch-VERSION/ on first use.
 set -euo pipefail
@@ -25,4 +26,16 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 echo "[compat] building against torch $("$PY" -c 'import torch; print(torch.__version__)')"
 KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_NPU=0 "$PY" setup.py --quiet build_ext --inplace
+NVCC="${NVCC:-$(command -v nvcc || true)}"
+if [ -n "$NVCC" ]; then
+  echo "[compat] nvcc csrc/cuda/cuda_engine.cu against torch $VERSION's headers (compile only)"
+  INCS=()
+  for d in $("$PY" -c 'import torch.utils.cpp_extension as c; print(" ".join(c.include_paths()))') \
+           "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"; do
+    INCS+=("-isystem" "$d")
+  done
+  "$NVCC" -std=c++17 -O2 -c csrc/cuda/cuda_engine.cu -o /dev/null -arch=sm_90 -Xcompiler -fPIC \
+    -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter -Werror all-warnings \
+    "${INCS[@]}" -DTORCH_EXTENSION_NAME=_C_cuda
+fi
 "$PY" -m pytest -q -p no:cacheprovider tests "${@:2}"

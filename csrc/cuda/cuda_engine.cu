@@ -1,8 +1,8 @@
 // The CUDA engine: serves `kvswap::_submit`, `kvswap::_swap_blocks_kernel`
 // and `kvswap::_host_register` under the CUDA key, on the current CUDA stream
 // under a device guard. It is written against the CUDA runtime API and c10's
-// device-generic stream access only, so it compiles without torch's CUDA
-// headers (and CI checks it against a CPU build of torch).
+// device-generic stream access (plus c10/cuda's stream header for torch
+// releases before 2.7), so CI can check it against a CPU build of torch.
 //
 // Paths:
 //   batch     cudaMemcpyBatchAsync (CUDA 12.8+), one call per batch, for
@@ -27,6 +27,12 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+// CUDA builds of torch ship c10/cuda complete; CPU builds (CI's compile
+// check) lack its generated config header. Needed only before torch 2.7.
+#if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDAStream.h>
+#define KVSWAP_HAVE_C10_CUDA 1
+#endif
 #include <torch/library.h>
 
 #include <cuda_runtime.h>
@@ -55,9 +61,22 @@ namespace {
                 ##__VA_ARGS__);                                                              \
   } while (0)
 
+// The cudaStream_t behind a c10::Stream: c10::Stream::native_handle() where
+// torch has it (2.7 and later); before that, through c10_cuda's stream pool.
+template <typename S>
+auto native_stream(const S& stream, int) -> decltype(stream.native_handle()) {
+  return stream.native_handle();
+}
+#ifdef KVSWAP_HAVE_C10_CUDA
+template <typename S>
+void* native_stream(const S& stream, long) {
+  return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream();
+}
+#endif
+
 cudaStream_t current_stream(c10::Device device) {
   const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
-  return static_cast<cudaStream_t>(stream.native_handle());
+  return static_cast<cudaStream_t>(native_stream(stream, 0));
 }
 
 struct CudaRuntime {
