@@ -325,7 +325,7 @@ c10::Device pointer_op_device() {
     return c10::Device(c10::DeviceType::CPU);
   }
   // The accelerator's current device (at::accelerator::getDeviceIndex()
-  // does the same, but only from torch 2.7 on).
+  // does the same, but torch 2.6 lacks it).
   return c10::impl::getDeviceGuardImpl(*accelerator)->getDevice();
 }
 

@@ -2,7 +2,8 @@
 // and `kvswap::_host_register` under the CUDA key, on the current CUDA stream
 // under a device guard. It is written against the CUDA runtime API and c10's
 // device-generic stream access (plus c10/cuda's stream header for torch
-// releases before 2.7), so CI can check it against a CPU build of torch.
+// releases without c10::Stream::native_handle()), so CI can check it against
+// a CPU build of torch.
 //
 // Paths:
 //   batch     cudaMemcpyBatchAsync (CUDA 12.8+), one call per batch, for
@@ -28,7 +29,8 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 // CUDA builds of torch ship c10/cuda complete; CPU builds (CI's compile
-// check) lack its generated config header. Needed only before torch 2.7.
+// check) lack its generated config header. Needed only where c10::Stream
+// has no native_handle() (torch 2.6, for one).
 #if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
 #include <c10/cuda/CUDAStream.h>
 #define KVSWAP_HAVE_C10_CUDA 1
@@ -62,7 +64,8 @@ namespace {
   } while (0)
 
 // The cudaStream_t behind a c10::Stream: c10::Stream::native_handle() where
-// torch has it (2.7 and later); before that, through c10_cuda's stream pool.
+// torch has it (recent releases); otherwise (torch 2.6, for one) through
+// c10_cuda's stream pool.
 template <typename S>
 auto native_stream(const S& stream, int) -> decltype(stream.native_handle()) {
   return stream.native_handle();
