@@ -230,11 +230,11 @@ Descriptors order_by_source(Descriptors d) {
     highest = std::max(highest, static_cast<uint64_t>(src[i]));
   }
   const int shift = spread == 0 ? 0 : __builtin_ctzll(spread);
+  const uint64_t range = (highest - lowest) >> shift;
   std::vector<uint64_t> order(static_cast<size_t>(n));
-  if (((highest - lowest) >> shift) <= 0xffffffffu && n <= 0xffffffff) {
+  if (range <= 0xffffffffu && n <= 0xffffffff) {
     // A least-significant-digit radix sort of the key (at most 32 bits), in
     // as few counting passes of at most 16 bits as the key's width allows.
-    const uint64_t range = (highest - lowest) >> shift;
     const int bits = range == 0 ? 1 : 64 - __builtin_clzll(range);
     const int passes = (bits + 15) / 16;
     const int width = (bits + passes - 1) / passes;

@@ -52,9 +52,8 @@ class Row:
     gbps: float
     ratio_to_contiguous: float
     seconds_median: float
-    #: against the median contiguous GB/s over all block sizes of the run; the
-    #: contiguous copy's own buffers are allocated per size and its speed
-    #: varies with where they land, so this damps that noise
+    #: against the median contiguous GB/s over all block sizes of the run: a
+    #: second view that does not hang on one size's contiguous copy
     ratio_to_run_limit: float = 0.0
     #: index_select/index_copy_ time over this method's time, paired per
     #: repetition like ratio_to_contiguous; None when ``index`` was not run

@@ -46,18 +46,16 @@ const pid_t g_loading_pid = getpid();
 
 bool threads_usable() { return getpid() == g_loading_pid; }
 
-// Runs fn(0) .. fn(parts - 1) on the intra-op threads and returns when all
-// are done; on the calling thread alone inside another parallel region or in
-// a forked child.
+// Runs fn(begin, end) over chunks of [0, n) on the intra-op threads and
+// returns when all are done; on the calling thread alone, as fn(0, n), inside
+// another parallel region or in a forked child.
 template <typename Fn>
-void run_parts(int64_t parts, const Fn& fn) {
-  if (parts <= 1 || !threads_usable()) {
-    for (int64_t p = 0; p < parts; ++p) fn(p);
+void parallel_range(int64_t n, const Fn& fn) {
+  if (!threads_usable()) {
+    fn(0, n);
     return;
   }
-  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) fn(p);
-  });
+  at::parallel_for(0, n, 1, fn);
 }
 
 // Below this many bytes one thread copies everything: waking a worker costs
@@ -264,16 +262,11 @@ void copy_batch(const CopyBatch& b) {
   if (mode == CopyMode::kParallelFor) {
     // The textbook loop, kept as the measured baseline: one descriptor per
     // iteration, split by count.
-    auto copy = [&](int64_t begin, int64_t end) {
+    parallel_range(b.count, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         std::memcpy(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]));
       }
-    };
-    if (threads_usable()) {
-      at::parallel_for(0, b.count, 1, copy);
-    } else {
-      copy(0, b.count);
-    }
+    });
     return;
   }
   if (mode == CopyMode::kAuto) {
@@ -303,7 +296,9 @@ void copy_batch(const CopyBatch& b) {
     offset[p] = begin - consumed;
     share[p] = end - begin;
   }
-  run_parts(parts, [&](int64_t p) { copy_byte_range(b, first[p], offset[p], share[p], mode); });
+  parallel_range(parts, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) copy_byte_range(b, first[p], offset[p], share[p], mode);
+  });
 }
 
 void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
