@@ -74,7 +74,8 @@ def _torch_parallel_backend_is_openmp() -> bool:
 
 
 def core_extension() -> CppExtension:
-    sources = [CSRC / "registration.cpp", CSRC / "core.cpp", CSRC / "host" / "host_engine.cpp"]
+    sources = [CSRC / "registration.cpp", *sorted((CSRC / "core").glob("*.cpp")),
+               CSRC / "host" / "host_engine.cpp"]
     # The host engine runs on at::parallel_for, which is inline OpenMP code
     # when torch's backend is OpenMP. Linking -fopenmp adds a libgomp.so.1
     # dependency that resolves to the copy torch already loaded, so the

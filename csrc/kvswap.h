@@ -2,9 +2,15 @@
 //
 // The package is split the way a reader looks for things:
 //   registration.cpp  every schema of the `kvswap` namespace, declared once;
-//   core.cpp          validation, descriptor building and merging, and the
-//                     kernels of the public ops, which only ever hand a
-//                     validated CopyBatch to an engine;
+//   core/             the device-generic core, one file per concern:
+//                       validation.cpp   every check of a call's tensors and ids;
+//                       descriptors.cpp  descriptor building, merging, ordering;
+//                       routing.cpp      which engine and path serve a call, and
+//                                        the kernels of the copy ops;
+//                       engines.cpp      engine lookup, descriptor tables' pool
+//                                        (core.h), submission to an engine;
+//                       expand_block_ids.cpp;
+//                     it only ever hands a validated CopyBatch to an engine;
 //   host/             the host engine (memcpy on a thread pool), always built;
 //   cuda/, ascend/    the accelerator engines, each a separate extension.
 //

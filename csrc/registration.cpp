@@ -1,5 +1,5 @@
 // Every schema of the `kvswap` namespace, declared once. Kernels are added by
-// core.cpp (public ops) and by the engines (`_submit`) under their own keys;
+// csrc/core/ (public ops) and by the engines (`_submit`, ...) under their own keys;
 // fake kernels live in torch_kvswap/_fake.py.
 #include <torch/library.h>
 
@@ -40,6 +40,12 @@ TORCH_LIBRARY(kvswap, m) {
   m.def(
       "_submit(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction, int total_bytes, "
       "Device device) -> ()");
+
+  // Whether the current stream of `device` is being captured into a graph.
+  // Served by the accelerator engines under their key; the core asks before
+  // it picks a path, since a capture forbids synchronizing calls. Not for
+  // direct use.
+  m.def("_stream_capturing(Device device) -> bool");
 
   // Page-locks (pin=True) or releases (pin=False) an existing contiguous host
   // buffer for DMA by `device`, in place and at its exact size; the pinned

@@ -47,7 +47,7 @@ if ! command -v "$XCXX" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-
     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q g++-aarch64-linux-gnu >/dev/null 2>&1) || true
 fi
 if command -v "$XCXX" >/dev/null 2>&1; then
-  for src in csrc/registration.cpp csrc/core.cpp csrc/host/host_engine.cpp csrc/ascend/*.cpp; do
+  for src in csrc/registration.cpp csrc/core/*.cpp csrc/host/host_engine.cpp csrc/ascend/*.cpp; do
     echo "[engines] $XCXX $src"
     "$XCXX" -std=c++20 -O2 -fPIC -fopenmp -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \
       -isystem "$NPU_INC" -DKVSWAP_HAVE_ACL_BATCH_MEMCPY=1 -DTORCH_EXTENSION_NAME=_C

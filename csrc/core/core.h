@@ -1,0 +1,196 @@
+// Internal declarations shared by the core's files (csrc/core/). Nothing
+// here is part of an engine's interface: engines see only kvswap.h.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Device.h>
+#include <c10/util/llvmMathExtras.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../kvswap.h"
+
+namespace kvswap {
+namespace core {
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// --- engines.cpp: engine lookup, descriptor tables, submission ---------------
+
+// The dispatch key of the engine that serves `type`; NotImplementedError for
+// a device type without one.
+c10::DispatchKey engine_key(c10::DeviceType type);
+
+// The dispatch key set that reaches `device`'s engine kernel of `op`, or a
+// NotImplementedError saying which engine is missing and how to get it.
+c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device,
+                               const char* purpose);
+
+// Whether the current stream of `device` is being captured into a graph,
+// as its engine reports through `kvswap::_stream_capturing`. The host, and
+// an engine that does not serve the query, never capture.
+bool stream_capturing(c10::Device device);
+
+
+// Descriptor tables are recycled: a table is taken from this pool and goes
+// back when its last reference drops (the engine holds one until the copy no
+// longer needs it). Reuse keeps the hot path free of fresh page faults, which
+// cost more than building the descriptors, and of per-call allocations while
+// a stream is captured into a graph.
+class TablePool {
+ public:
+  static TablePool& instance() {
+    static TablePool* pool = new TablePool();  // process lifetime; deleters may run late
+    return *pool;
+  }
+
+  at::Tensor acquire(int64_t capacity) {
+    // Round up so nearby sizes share buffers.
+    const size_t want = std::max<size_t>(4096, c10::llvm::PowerOf2Ceil(static_cast<uint64_t>(capacity)));
+    void* data = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.find(want);
+      if (it != free_.end() && !it->second.empty()) {
+        data = it->second.back();
+        it->second.pop_back();
+        cached_bytes_ -= bytes_for(want);
+      }
+    }
+    if (data == nullptr) {
+      data = std::aligned_alloc(64, bytes_for(want));
+      TORCH_CHECK(data != nullptr, "kvswap: out of host memory for ", capacity, " descriptors");
+    }
+    return at::from_blob(
+        data, {3, capacity}, [this, want](void* p) { release(p, want); },
+        at::TensorOptions().dtype(at::kLong));
+  }
+
+ private:
+  static size_t bytes_for(size_t entries) { return 3 * entries * sizeof(int64_t); }
+
+  void release(void* p, size_t entries) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (cached_bytes_ + bytes_for(entries) <= kMaxCachedBytes) {
+        free_[entries].push_back(p);
+        cached_bytes_ += bytes_for(entries);
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+  static constexpr size_t kMaxCachedBytes = size_t{256} << 20;
+  std::mutex mutex_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t cached_bytes_ = 0;
+};
+
+// Descriptors in the layout `_submit` takes: one [3, n] int64 CPU tensor whose
+// rows are the source addresses, destination addresses and byte counts.
+struct Descriptors {
+  at::Tensor table;
+  int64_t count = 0;
+  int64_t total_bytes = 0;
+
+  explicit Descriptors(int64_t capacity)
+      : table(TablePool::instance().acquire(capacity)),
+        src_(table.data_ptr<int64_t>()),
+        dst_(src_ + table.size(1)),
+        size_(dst_ + table.size(1)) {}
+  int64_t* src() { return src_; }
+  int64_t* dst() { return dst_; }
+  int64_t* size() { return size_; }
+
+  // Appends one copy, merged into the last one when both of its sides
+  // continue that one's. Does not touch total_bytes.
+  void append(int64_t s, int64_t d, int64_t bytes) {
+    if (count > 0 && src_[count - 1] + size_[count - 1] == s &&
+        dst_[count - 1] + size_[count - 1] == d) {
+      size_[count - 1] += bytes;
+      return;
+    }
+    src_[count] = s;
+    dst_[count] = d;
+    size_[count] = bytes;
+    ++count;
+  }
+
+  // The used part of each row; views, sharing the table's storage.
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> rows() const {
+    auto used = table.narrow(1, 0, count);
+    return {used[0], used[1], used[2]};
+  }
+
+ private:
+  // Rows of `table` (data_ptr() checks dtype and storage on every call,
+  // too slow for a per-descriptor loop).
+  int64_t* src_;
+  int64_t* dst_;
+  int64_t* size_;
+};
+
+// Hands `d` to the engine of `device`; an empty batch touches nothing.
+void submit(const Descriptors& d, Direction direction, c10::Device device);
+
+// --- validation.cpp ---------------------------------------------------------
+
+// Where the blocks of one cache tensor live: block b starts at
+// base + b * stride and spans the pair's block_bytes.
+struct CacheLayout {
+  int64_t base;
+  int64_t stride;
+  int64_t num_blocks;
+};
+
+struct PairLayout {
+  CacheLayout src;
+  CacheLayout dst;
+  int64_t block_bytes;
+};
+
+// One of the pointer op's three descriptor tensors: int64, 1-D, CPU, and
+// `expected_len` entries.
+void check_descriptor_tensor(const at::Tensor& t, const char* name, int64_t expected_len);
+
+// The device shared by every tensor of `caches` (none for an empty list).
+std::optional<c10::Device> common_device(at::TensorList caches, const char* list);
+
+// Checks the cache pairs of a block copy and returns their layouts.
+std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList dst_caches);
+
+// A block-id tensor: int64 and 1-D.
+void check_ids_tensor(const at::Tensor& ids, const char* name);
+
+// Every id in range for every tensor it indexes, no destination block written
+// twice, and no block both read and written when a pair shares memory.
+void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n,
+                     const std::vector<PairLayout>& pairs);
+
+// --- descriptors.cpp: building, merging and ordering ------------------------
+
+// Validates every raw descriptor before anything is copied, drops zero-byte
+// ones and merges neighbours; for the host engine orders them by source.
+Descriptors plan_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                               const at::Tensor& sizes, int64_t direction, c10::Device device);
+
+// The descriptors of a block copy over `pairs` for ids that are valid.
+Descriptors build_block_descriptors(const std::vector<PairLayout>& pairs, const int64_t* sid,
+                                    const int64_t* did, int64_t n);
+
+// The (src, dst) id pairs ordered by source id: sorted source ids, then the
+// matching destination ids.
+std::vector<int64_t> sort_by_source(const int64_t* sid, const int64_t* did, int64_t n,
+                                    const std::vector<PairLayout>& pairs);
+
+}  // namespace core
+}  // namespace kvswap
