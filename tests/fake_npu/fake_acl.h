@@ -132,6 +132,9 @@ class Runtime {
   ascend::AclApi table_;
 };
 
+// The fake's own ACL functions, for tests of its rules.
+const ascend::AclApi& fake_table();
+
 // Where a null stream resolves: the current device of the fake backend.
 void set_current_device_source(int (*fn)());
 

@@ -464,6 +464,31 @@ double bench_acl_call(int64_t iters) {
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(iters);
 }
 
+// Calls the fake aclrtMemcpyBatchAsync directly. attrs: (dst type, dst id,
+// src type, src id, rsv byte). Returns (error, failIndex).
+py::tuple raw_batch(std::vector<int64_t> dsts, std::vector<size_t> dest_maxs, std::vector<int64_t> srcs,
+                    std::vector<size_t> sizes, const std::vector<std::tuple<int, int, int, int, int>>& attrs,
+                    std::vector<size_t> indexes, size_t num_attrs) {
+  std::vector<ascend::MemcpyBatchAttr> a(attrs.size());
+  for (size_t k = 0; k < attrs.size(); ++k) {
+    const auto& [dt, di, st, si, rsv] = attrs[k];
+    a[k] = ascend::MemcpyBatchAttr{};
+    a[k].dstLoc = {static_cast<uint32_t>(di), static_cast<ascend::MemLocationType>(dt)};
+    a[k].srcLoc = {static_cast<uint32_t>(si), static_cast<ascend::MemLocationType>(st)};
+    a[k].rsv[3] = static_cast<uint8_t>(rsv);
+  }
+  size_t fail = 12345;
+  const AclError err = fake_table().memcpy_batch_async(
+      reinterpret_cast<void**>(dsts.data()), dest_maxs.data(), reinterpret_cast<void**>(srcs.data()),
+      sizes.data(), sizes.size(), a.data(), indexes.data(), num_attrs, &fail, current_stream(0));
+  return py::make_tuple(err, fail == SIZE_MAX ? -1 : static_cast<int64_t>(fail));
+}
+
+AclError raw_memcpy(int64_t dst, size_t dest_max, int64_t src, size_t count, int kind) {
+  return fake_table().memcpy_async(reinterpret_cast<void*>(dst), dest_max, reinterpret_cast<const void*>(src),
+                                   count, static_cast<ascend::MemcpyKind>(kind), current_stream(0));
+}
+
 }  // namespace
 }  // namespace fake
 }  // namespace kvswap
@@ -494,6 +519,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("capture_state", [](int d, int64_t s) {
     return static_cast<int>(kvswap::ascend::engine().capture_state(stream_at(d, s)));
   });
+  m.def("raw_batch", &raw_batch);
+  m.def("raw_memcpy", &raw_memcpy);
   m.def("bench_submit", &bench_submit);
   m.def("bench_acl_call", &bench_acl_call);
 }
