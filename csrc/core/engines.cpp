@@ -1,7 +1,9 @@
 // Engine lookup and submission: the core's only way to an engine is the
 // dispatcher. Each engine registers `kvswap::_submit` (and the optional
-// `_stream_capturing`, `_host_register`, `_swap_blocks_kernel`) under its own
-// dispatch key; a missing engine is a clear error, never a loader failure.
+// `_stream_capturing`, `_host_register`, `_host_pinned`, `_swap_blocks_kernel`)
+// under its own dispatch key; a missing engine is a clear error, never a
+// loader failure. After a copy, the host allocator of the device learns the
+// stream that uses host memory (record_host_use).
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
