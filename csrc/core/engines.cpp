@@ -4,7 +4,17 @@
 // under its own dispatch key; a missing engine is a clear error, never a
 // loader failure. After a copy, the host allocator of the device learns the
 // stream that uses host memory (record_host_use).
+// GCC warns that the header's alignas(hardware_destructive_interference_size)
+// may change between compilers (-Winterference-size); the engines only call
+// the allocator's virtual interface.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winterference-size"
+#endif
 #include <ATen/core/CachingHostAllocator.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
