@@ -42,10 +42,13 @@ inline DescriptorArrays descriptor_arrays(const CopyBatch& b) {
           reinterpret_cast<size_t*>(const_cast<int64_t*>(b.size))};
 }
 
-// Per-descriptor attributes of a batch call: one attrs entry and one index
-// per descriptor (attrs[i] applies from indexes[i]). A single scalar index for
-// n descriptors would let the runtime read past the index array. Owned by the
-// in-flight record until the device has consumed the batch.
+// Attributes of a batch call, one attrs entry and one index per descriptor
+// (attrs[i] applies from indexes[i]). The batch APIs need less: attrs[k]
+// applies from indexes[k] up to the next index, so a single entry with index
+// 0 covers every descriptor (CANN: acl/acl_rt.h, aclrtMemcpyBatchAsync
+// "attrsIndexes", and CANN's own wrapper in acl/acl_rt_api.h passes exactly
+// that; the Ascend engine does too). Used by the CUDA engine, which owns
+// these arrays in its in-flight record.
 template <class Attr>
 struct BatchAttrs {
   std::vector<Attr> attrs;
@@ -61,10 +64,12 @@ struct BatchAttrs {
 };
 
 // Keeps the host arrays of submitted batches alive until the device has
-// consumed them. A batch API may read its descriptor arrays after the call
-// returns, so the engine hands them here together with an event recorded on
-// the copy's stream right after the submission; they are released (the
-// descriptor table returns to the core's pool) once that event has completed.
+// consumed them, for a batch API that may read its descriptor arrays after
+// the call returns: the engine hands them here together with an event
+// recorded on the copy's stream right after the submission; they are
+// released (the descriptor table returns to the core's pool) once that event
+// has completed. The CUDA engine uses it; the Ascend engine does not need it
+// (CANN consumes the arrays during the call; csrc/ascend/ascend_engine.cpp).
 //
 // `Runtime` provides:
 //   using Event = ...; using Stream = ...;

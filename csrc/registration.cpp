@@ -53,6 +53,13 @@ TORCH_LIBRARY(kvswap, m) {
   // mirrors of a KV cache cannot afford. Served by the accelerator engines.
   m.def("_host_register(Tensor buffer, Device device, bool pin) -> ()");
 
+  // Whether the host memory `buffer` spans is page-locked for DMA by
+  // `device`, as the engine of `device` sees it (what it pinned in place, and
+  // the pinned allocator's blocks). The core asks before the Ascend engine copies host
+  // caches: CANN copies pageable memory synchronously, refuses it under graph
+  // capture, and up to 8.0 corrupts it silently. Not for direct use.
+  m.def("_host_pinned(Tensor buffer, Device device) -> bool");
+
   // Kernel path of swap_blocks, on engines that have one (CUDA): copies with
   // a kernel that reads the block ids from device memory when it runs, so a
   // captured graph copies the ids current at replay. The core validates the

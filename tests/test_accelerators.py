@@ -191,9 +191,23 @@ def test_cuda_kernel_path_rejects_pageable_host_caches():
             torch_kvswap.swap_blocks(dev, pageable, torch.tensor([0]), torch.tensor([1]))
 
 
+def npu_pins_in_place(device) -> bool:
+    """Whether this CANN can page-lock memory in place (aclrtHostRegisterV2)."""
+    raw = torch.empty(2 * 4096, dtype=torch.uint8)
+    probe = raw[(-raw.data_ptr()) % 4096:][:4096]
+    try:
+        torch.ops.kvswap._host_register(probe, device, True)
+    except NotImplementedError:
+        return False
+    torch.ops.kvswap._host_register(probe, device, False)
+    return True
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_offloader_pins_host_mirrors_in_place(kind):
     device = accelerator_or_skip(kind)
+    if kind == "npu" and not npu_pins_in_place(device):
+        pytest.skip("this CANN has no aclrtHostRegisterV2: the mirrors come from the pinned allocator")
     kv = {f"l{i}": torch.zeros(2, 64, 16, 8, 64, dtype=torch.bfloat16, device=device) for i in range(4)}
     off = torch_kvswap.KVCacheOffloader(kv, 16, 32, num_host_blocks=40)
     try:
@@ -201,3 +215,21 @@ def test_offloader_pins_host_mirrors_in_place(kind):
         assert off.host_bytes <= 1.05 * off.host_bytes_needed
     finally:
         off.shutdown()
+
+
+def test_npu_tensor_op_refuses_pageable_host_caches():
+    device = accelerator_or_skip("npu")
+    dev = caches(2048, torch.float32, 4, device, pairs=1)
+    with pytest.raises(ValueError, match=r"dst_caches\[0\] is in pageable host memory"):
+        torch_kvswap.swap_blocks(dev, [torch.zeros(4, 512)], torch.tensor([0]), torch.tensor([1]))
+
+
+def test_npu_batches_over_4096_descriptors_land():
+    """More descriptors than one aclrtMemcpyBatchAsync takes: the engine splits."""
+    device = accelerator_or_skip("npu")
+    (src,) = caches(64, torch.uint8, 10000, "host", pairs=1, seed=15)
+    (dst,) = caches(64, torch.uint8, 10000, device, pairs=1, seed=16)
+    ids = torch.arange(0, 10000, 2)  # 5000 blocks no merge can join
+    torch_kvswap.swap_blocks([src], [dst], ids, ids)
+    synced(device)
+    assert torch.equal(dst.cpu()[ids], src[ids])

@@ -87,6 +87,12 @@ def _host_register_fake(buffer, device, pin):
     return None
 
 
+@torch.library.register_fake("kvswap::_host_pinned")
+def _host_pinned_fake(buffer, device):
+    # Only the core asks, in eager mode, before an Ascend copy; never traced.
+    return True
+
+
 def _plan_fake():
     # The number of descriptors after merging depends on the ids' values.
     ctx = torch.library.get_ctx()

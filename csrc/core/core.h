@@ -142,6 +142,12 @@ struct Descriptors {
 // Hands `d` to the engine of `device`; an empty batch touches nothing.
 void submit(const Descriptors& d, Direction direction, c10::Device device);
 
+// After a copy between `caches` on the host and `device` was queued: tells
+// the pinned allocator of `device` the stream that uses each host storage,
+// so that a pinned tensor freed right after the call is not reused before
+// the copy has run (torch_npu's own copies do the same).
+void record_host_use(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device);
+
 // --- validation.cpp ---------------------------------------------------------
 
 // Where the blocks of one cache tensor live: block b starts at
@@ -167,6 +173,12 @@ std::optional<c10::Device> common_device(at::TensorList caches, const char* list
 
 // Checks the cache pairs of a block copy and returns their layouts.
 std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList dst_caches);
+
+// Every host tensor of `src_caches` and `dst_caches` lies in page-locked
+// memory, as the engine of `device` sees it (kvswap::_host_pinned); a
+// ValueError names the first that does not and says how to pin it.
+void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches,
+                              c10::Device device);
 
 // A block-id tensor: int64 and 1-D.
 void check_ids_tensor(const at::Tensor& ids, const char* name);

@@ -1,8 +1,22 @@
 // Engine lookup and submission: the core's only way to an engine is the
 // dispatcher. Each engine registers `kvswap::_submit` (and the optional
-// `_stream_capturing`, `_host_register`, `_swap_blocks_kernel`) under its own
-// dispatch key; a missing engine is a clear error, never a loader failure.
+// `_stream_capturing`, `_host_register`, `_host_pinned`, `_swap_blocks_kernel`)
+// under its own dispatch key; a missing engine is a clear error, never a
+// loader failure. After a copy, the host allocator of the device learns the
+// stream that uses host memory (record_host_use).
+// GCC warns that the header's alignas(hardware_destructive_interference_size)
+// may change between compilers (-Winterference-size); the engines only call
+// the allocator's virtual interface.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winterference-size"
+#endif
+#include <ATen/core/CachingHostAllocator.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
 #include "core.h"
@@ -60,6 +74,23 @@ void submit(const Descriptors& d, Direction direction, c10::Device device) {
   auto [src, dst, size] = d.rows();
   op.redispatch(engine_for(op, device, "to copy"), src, dst, size, static_cast<int64_t>(direction),
                 d.total_bytes, device);
+}
+
+void record_host_use(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device) {
+  at::HostAllocator* allocator = at::getHostAllocator(device.type());
+  if (allocator == nullptr) return;
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(device.type())->getStream(device);
+  const void* recorded = nullptr;
+  for (const at::TensorList caches : {src_caches, dst_caches}) {
+    for (const auto& t : caches) {
+      if (!t.device().is_cpu() || t.numel() == 0) continue;
+      const c10::DataPtr& data = t.storage().data_ptr();
+      if (data.get() == recorded) continue;
+      // False for memory the allocator does not own (pinned in place): nothing to do.
+      allocator->record_event(data.get(), data.get_context(), stream);
+      recorded = data.get();
+    }
+  }
 }
 
 bool stream_capturing(c10::Device device) {

@@ -81,6 +81,33 @@ std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList d
   return pairs;
 }
 
+namespace {
+
+void check_pinned(at::TensorList caches, const char* list, c10::Device device) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvswap::_host_pinned", "")
+                             .typed<bool(const at::Tensor&, c10::Device)>();
+  for (const auto i : c10::irange(caches.size())) {
+    const auto& t = caches[i];
+    if (!t.device().is_cpu() || t.numel() == 0) continue;
+    TORCH_CHECK_VALUE(op.redispatch(engine_for(op, device, "to check host memory"), t, device),
+                      list, "[", i, "] is in pageable host memory, but copies between the host and ",
+                      device, " need page-locked (pinned) host memory: CANN copies pageable memory "
+                      "synchronously, refuses it under graph capture, and up to CANN 8.0 corrupts "
+                      "it silently. Allocate it with pin_memory=True (or call .pin_memory()), or "
+                      "pin a 4 KiB-aligned buffer in place with "
+                      "torch.ops.kvswap._host_register(buffer, device, True)");
+  }
+}
+
+}  // namespace
+
+void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches,
+                              c10::Device device) {
+  check_pinned(src_caches, "src_caches", device);
+  check_pinned(dst_caches, "dst_caches", device);
+}
+
 void check_ids_tensor(const at::Tensor& ids, const char* name) {
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, name, " must be int64, got ",
                    ids.scalar_type());

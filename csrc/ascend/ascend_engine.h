@@ -1,0 +1,87 @@
+// The Ascend engine's logic over the ACL table of acl_api.h. The same source
+// (ascend_engine.cpp) is compiled into torch_kvswap._C_npu, bound to the real
+// ACL runtime by acl_real.cpp, and into the test extension, bound to a fake
+// runtime (tests/fake_npu/).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "../kvswap.h"
+#include "acl_api.h"
+
+namespace kvswap {
+namespace ascend {
+
+// Entries per aclrtMemcpyBatchAsync call: DEVMM_MEMCPY_BATCH_MAX_COUNT
+// (CANN runtime, pkg_inc/driver/ascend_hal_define.h:810; "Array max size is
+// 4096", ascend_hal_base.h:2099). Larger batches are split.
+constexpr size_t kMaxBatchEntries = 4096;
+
+// Copy tasks one captured stream can hold: StreamJettyContext::JETTY_DEPTH_MAX
+// (CANN runtime, src/runtime/feature/jetty/stream_jetty_context.h:26); past it
+// the capture fails with EE1023. Each descriptor is at least one task.
+constexpr int64_t kMaxCapturedCopies = 32768;
+
+// Device-to-device copies need 64-byte-aligned addresses (acl/acl_rt.h:2233,
+// aclrtMemcpyAsync). aclrtHostRegisterV2 needs a 4 KiB-aligned pointer (CANN
+// API reference, 11-02_host_memory_management.md, aclrtHostRegisterV2 "ptr").
+constexpr uint64_t kDeviceToDeviceAlignment = 64;
+constexpr uint64_t kHostRegisterAlignment = 4096;
+
+// What the engine knows of a stream's graph capture.
+enum class Capture {
+  kNone,     // not capturing (or this CANN/chip cannot capture at all)
+  kActive,   // being captured (also an invalidated capture: still in capture mode)
+  kUnknown,  // the query is missing or failed: anything may be true
+};
+
+class Engine {
+ public:
+  explicit Engine(const AclApi& api) : api_(api) {}
+
+  // kvswap::_submit: queues `batch` on the current stream of `device`.
+  void submit(const CopyBatch& batch, c10::Device device);
+  // kvswap::_stream_capturing.
+  bool stream_capturing(c10::Device device);
+  // kvswap::_host_register: page-locks (or releases) `buffer` in place.
+  void host_register(const at::Tensor& buffer, c10::Device device, bool pin);
+  // kvswap::_host_pinned: whether `buffer`'s storage is page-locked.
+  bool host_pinned(const at::Tensor& buffer, c10::Device device);
+
+  // The capture state of `stream` (public for tests of the decision table).
+  Capture capture_state(AclStream stream);
+
+ private:
+  AclStream current_stream(c10::Device device) const;
+  // Queues b's descriptors from 0 in batches; returns how many were queued
+  // (fewer than b.count only when the device turned out not to support the
+  // batch API, which then latches the per-descriptor path for it).
+  int64_t copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIndex index);
+  void copy_each(const CopyBatch& b, int64_t first, AclStream stream);
+  std::string acl_message(AclError err) const;
+  bool batch_unsupported(c10::DeviceIndex index) const;
+  void latch_per_descriptor(c10::DeviceIndex index);
+
+  static constexpr int kMaxDevices = 64;
+  const AclApi& api_;
+  std::array<std::atomic<bool>, kMaxDevices> per_descriptor_only_{};
+  std::atomic<bool> warned_capture_unknown_{false};
+  std::mutex registered_mutex_;
+  std::map<uintptr_t, uint64_t> registered_;  // ranges pinned in place: start -> bytes
+};
+
+// The engine the kernels call. Defined by the binding: acl_real.cpp in
+// _C_npu, the fake runtime in the test extension.
+Engine& engine();
+
+}  // namespace ascend
+}  // namespace kvswap

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Line coverage of the Ascend engine's logic (csrc/ascend/ascend_engine.cpp)
+# by the CPU suite's fake-ACL cases: builds the test extension with --coverage
+# into a temporary directory, runs every case session (as
+# tests/test_ascend_fake.py does), then asks gcov. Prints the figure and exits
+# non-zero below the floor (default 90 %, or $1).
+# csrc/ascend/acl_real.cpp, the binding to the real ACL, runs only on an NPU.
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+FLOOR="${1:-90}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export KVSWAP_FAKE_NPU_BUILD_DIR="$WORK/build"
+export KVSWAP_FAKE_NPU_CFLAGS="--coverage -O0"
+export KVSWAP_FAKE_NPU_LDFLAGS="--coverage"
+CASES=(tests/fake_npu/cases_*.py)
+MAIN=()
+for f in "${CASES[@]}"; do [ "$f" = tests/fake_npu/cases_load.py ] || MAIN+=("$f"); done
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o "python_files=cases_*.py")
+echo "[coverage] fake-ACL cases with --coverage (build in $WORK)"
+"${PYTEST[@]}" "${MAIN[@]}"
+KVSWAP_FAKE_ACL_ABSENT=aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin \
+  "${PYTEST[@]}" tests/fake_npu/cases_load.py
+cd "$WORK/build"
+gcov -o . "$ROOT/csrc/ascend/ascend_engine.cpp" > gcov.txt 2>&1 || { cat gcov.txt; exit 1; }
+LINE="$(grep -A1 "File '$ROOT/csrc/ascend/ascend_engine.cpp'" gcov.txt | grep 'Lines executed' | head -1)"
+echo "[coverage] csrc/ascend/ascend_engine.cpp: $LINE"
+if [ -n "${KVSWAP_COVERAGE_KEEP:-}" ]; then cp ascend_engine.cpp.gcov "$KVSWAP_COVERAGE_KEEP"; fi
+PCT="$(echo "$LINE" | sed -E 's/Lines executed:([0-9.]+)%.*/\1/')"
+awk -v p="$PCT" -v f="$FLOOR" 'BEGIN { exit !(p + 0 >= f + 0) }' || {
+  echo "[coverage] below the floor of $FLOOR %; uncovered lines:"
+  grep -E '^ +#####' ascend_engine.cpp.gcov || true
+  exit 1
+}
