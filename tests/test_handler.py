@@ -678,3 +678,35 @@ def test_each_lane_reports_in_submission_order_stores_then_loads_then_expedited(
     gate.set()
     offloader.wait({10, 11, 1, 2, 3})
     assert [r.job_id for r in offloader.get_finished()] == [3, 1, 2, 11, 10]
+
+
+@dataclass
+class GroupedGPUSpec:
+    """vLLM 0.33's GPULoadStoreSpec shape: ids, group_sizes, block_indices."""
+
+    block_ids: np.ndarray
+    group_sizes: list
+    block_indices: list
+
+    @staticmethod
+    def medium() -> str:
+        return "GPU"
+
+
+def test_transfer_async_takes_offsets_from_vllm_block_indices():
+    caches = make_caches("per_layer", 16, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 64, num_host_blocks=4, groups=[[0], [1]]) as off:
+        # Group 0: logical block 7 -> sub-block 3 of host block 2 (the last one);
+        # group 1: logical block 4 -> sub-block 0 of host block 1, two blocks.
+        spec = GroupedGPUSpec(np.array([5, 9, 10], dtype=np.int32), [1, 2], [7, 4])
+        off.transfer_async(1, (spec, CPULoadStoreSpec(np.array([2, 1]))))
+        off.wait({1})
+        assert torch.equal(off.host_tensors[0][2 * 4 + 3], off.device_tensors[0][5])
+        assert torch.equal(off.host_tensors[1][1 * 4 + 0], off.device_tensors[1][9])
+        assert torch.equal(off.host_tensors[1][1 * 4 + 1], off.device_tensors[1][10])
+        assert off.get_finished()[0].transfer_size == 3 * off.device_tensors[0][0].numel() * 2
+        back = GroupedGPUSpec(np.array([0, 1], dtype=np.int32), [0, 2], [0, 5])
+        off.transfer_async(2, (CPULoadStoreSpec(np.array([1])), back), expedited=True)
+        off.wait({2})
+        assert torch.equal(off.device_tensors[1][0], off.host_tensors[1][5])
+        assert torch.equal(off.device_tensors[1][1], off.host_tensors[1][6])
