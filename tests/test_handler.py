@@ -631,12 +631,17 @@ def test_an_expedited_load_does_not_queue_behind_ordinary_loads(offloader):
         real_copy(job)
 
     offloader._copy = copy
-    offloader.load(1, [0], [0, 1])              # ordinary lane, stuck
-    offloader.load(2, [1], [2, 3], expedited=True)
-    offloader.wait({2})                          # returns although job 1 is stuck
-    assert [r.job_id for r in offloader.get_finished()] == [2]
-    assert offloader.pending() == [1]
-    gate.set()
+    try:
+        offloader.load(1, [0], [0, 1])              # ordinary lane, stuck
+        offloader.load(2, [1], [2, 3], expedited=True)
+        waiter = threading.Thread(target=offloader.wait, args=({2},))
+        waiter.start()
+        waiter.join(30)                              # returns although job 1 is stuck
+        assert not waiter.is_alive(), "the expedited load queued behind the stuck load"
+        assert [r.job_id for r in offloader.get_finished()] == [2]
+        assert offloader.pending() == [1]
+    finally:
+        gate.set()
     offloader.wait({1})
     assert [r.job_id for r in offloader.get_finished()] == [1]
 
@@ -657,7 +662,7 @@ def test_get_finished_is_not_held_up_by_a_submission_being_launched(offloader):
     assert entered.wait(30)
     poller = threading.Thread(target=offloader.get_finished)
     poller.start()
-    poller.join(30)
+    poller.join(10)
     launch_was_blocking_get_finished = poller.is_alive()
     release.set()
     submitter.join()
