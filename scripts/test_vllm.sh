@@ -25,4 +25,4 @@ fi
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$ROOT" > "$SITE/torch_kvswap_src.pth"
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVSWAP_REQUIRE_VLLM=1
-exec "$VPY" -m pytest -q -p no:cacheprovider tests/test_vllm_connector.py "$@"
+exec "$VPY" -m pytest -q -p no:cacheprovider tests/test_vllm_connector.py tests/test_vllm_import.py "$@"
