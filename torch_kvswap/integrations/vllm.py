@@ -195,8 +195,9 @@ def _build() -> None:
                                                       self.num_chunks)
             return self._worker
 
-    _classes["KVSwapOffloadingWorker"] = KVSwapOffloadingWorker
-    _classes["KVSwapOffloadingSpec"] = KVSwapOffloadingSpec
+    for cls in (KVSwapOffloadingWorker, KVSwapOffloadingSpec):
+        cls.__qualname__ = cls.__name__
+        _classes[cls.__name__] = cls
 
 
 def __getattr__(name: str) -> type:
