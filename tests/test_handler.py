@@ -715,3 +715,13 @@ def test_transfer_async_takes_offsets_from_vllm_block_indices():
         off.wait({2})
         assert torch.equal(off.device_tensors[1][0], off.host_tensors[1][5])
         assert torch.equal(off.device_tensors[1][1], off.host_tensors[1][6])
+
+
+def test_typed_device_spec_carries_offsets_and_group_sizes():
+    caches = make_caches("per_layer", 8, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 32, num_host_blocks=4, groups=[[0], [1]]) as off:
+        off.transfer_async(1, (DeviceBlocks([3, 4], group_sizes=[1, 1], offsets=[1, 0]), HostBlocks([2, 3])))
+        off.wait({1})
+        assert torch.equal(off.host_tensors[0][2 * 2 + 1], off.device_tensors[0][3])
+        assert torch.equal(off.host_tensors[1][3 * 2 + 0], off.device_tensors[1][4])
+        assert not off.host_tensors[0][2 * 2].any() and not off.host_tensors[1][3 * 2 + 1].any()
