@@ -126,7 +126,7 @@ def _build() -> None:
                 page = int(ck.page_size_bytes)
                 if t.dtype != torch.int8:
                     t = t.view(torch.int8)
-                t = t.reshape(t.shape[0], -1) if t.dim() != 2 else t
+                t = t.view(t.shape[0], -1) if t.dim() != 2 else t  # a view: never a copy
                 if t.shape[1] < page:
                     raise ValueError(f"kv_caches.tensors[{i}] has {t.shape[1]} bytes per block, "
                                      f"its page_size_bytes is {page}")
