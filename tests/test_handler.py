@@ -127,16 +127,54 @@ def test_typed_specs_work_like_the_reference_form():
         assert torch.equal(off.host_tensors[0][0], flat(caches)[0][2])
 
 
-def test_host_mirrors_cost_at_most_five_percent_over_the_bytes_needed():
-    # 32 layers x (K, V), 16 tokens x 8 heads x 128 dims bf16 = 32 KiB per block.
-    caches = {f"l{i}": torch.zeros(2, 8, 16, 8, 128, dtype=torch.bfloat16) for i in range(32)}
-    off = KVCacheOffloader(caches, 16, 32, num_host_blocks=100)
+@pytest.mark.parametrize("block_shape", [(16, 8, 128), (3, 5, 7), (1,)])
+def test_host_mirrors_are_page_aligned_with_under_a_page_of_padding_each(block_shape):
+    caches = {f"l{i}": torch.zeros(2, 8, *block_shape, dtype=torch.bfloat16) for i in range(5)}
+    offs = [KVCacheOffloader(caches, 16, 32, num_host_blocks=3) for _ in range(2)]
     try:
-        assert off.host_bytes_needed == 100 * 2 * 64 * 32 * 1024
-        assert off.host_bytes <= 1.05 * off.host_bytes_needed
-        assert off.pinned is False  # no accelerator: nothing to pin
+        for off in offs:
+            n = len(off.host_tensors)
+            assert off.host_bytes_needed == 3 * 2 * 10 * int(np.prod(block_shape)) * 2
+            assert off.buffer.data_ptr() % 4096 == 0
+            assert all(m.data_ptr() % 4096 == 0 for m in off.host_tensors)
+            assert 0 <= off.host_bytes - off.host_bytes_needed < 4096 * n + 4096
+            assert off.pinned is False  # no accelerator: nothing to pin
+        # The two offloaders' buffers share no page.
+        (a0, a1), (b0, b1) = [(o.buffer.data_ptr() // 4096, (o.buffer.data_ptr() + o.buffer.numel() - 1) // 4096)
+                              for o in offs]
+        assert a1 < b0 or b1 < a0
     finally:
-        off.shutdown()
+        for off in offs:
+            off.shutdown()
+
+
+def test_host_bytes_sizes_the_mirrors():
+    caches = {"l0": torch.zeros(2, 8, 64, dtype=torch.float16)}  # 256 bytes per device block
+    with KVCacheOffloader(caches, 16, 64, host_bytes=10 * 4 * 256 + 1023) as off:
+        assert off.num_host_blocks == 10
+        assert off.host_bytes_needed == 10 * 4 * 256
+    with pytest.raises(ValueError, match="less than one host block"):
+        KVCacheOffloader(caches, 16, 64, host_bytes=4 * 256 - 1)
+    with pytest.raises(ValueError, match="exactly one of num_host_blocks and host_bytes"):
+        KVCacheOffloader(caches, 16, 64, 10, host_bytes=4096)
+    with pytest.raises(ValueError, match="exactly one of num_host_blocks and host_bytes"):
+        KVCacheOffloader(caches, 16, 64)
+
+
+@pytest.mark.parametrize("kv_stacked,tensors,blocks", [(True, 2, 4), (False, 1, 2), (None, 2, 4)])
+def test_kv_stacked_says_how_to_read_a_tensor_whose_dim_0_is_2(kv_stacked, tensors, blocks):
+    # A per-layer cache with exactly 2 blocks of shape (4, 8): the default
+    # guesses "stacked [2, 4 blocks, 8]", which is wrong for this cache.
+    cache = torch.arange(2 * 4 * 8, dtype=torch.float32).view(2, 4, 8)
+    with KVCacheOffloader({"l0": cache}, 16, 16, num_host_blocks=4, kv_stacked=kv_stacked) as off:
+        assert len(off.device_tensors) == tensors and off.num_device_blocks == blocks
+        off.store(1, [1], [3])
+        off.wait({1})
+        if kv_stacked is False:
+            assert torch.equal(off.host_tensors[0][3], cache[1])
+        else:
+            assert torch.equal(off.host_tensors[0][3], cache[0, 1])
+            assert torch.equal(off.host_tensors[1][3], cache[1, 1])
 
 
 class Scheduler:
@@ -229,7 +267,10 @@ def test_stress_random_interleaved_jobs_match_a_shadow_model(factor):
         if rng.random() < 0.05 and sched.inflight:
             subset = rng.sample(sorted(sched.inflight), k=min(3, len(sched.inflight)))
             off.wait(subset)
-            assert all(j not in off.pending() or j in sched.inflight for j in subset)
+            # Every waited job has finished, so get_finished reports it now
+            # (the jobs before it in its lane finished first).
+            sched.collect()
+            assert not set(subset) & set(sched.inflight)
     # Shut down with jobs still in flight: nothing is lost.
     in_flight_at_shutdown = set(off.pending())
     off.shutdown()
@@ -350,7 +391,8 @@ def test_get_finished_never_blocks_on_a_running_job(offloader):
     gate.set()
     offloader.wait({5})
     (result,) = offloader.get_finished()
-    assert result.job_id == 5 and result.success and result.transfer_time >= 0
+    assert result.job_id == 5 and result.success and result.transfer_time > 0
+    assert result.transfer_size == 2 * offloader.bytes_per_device_block
 
 
 def test_a_failed_copy_is_reported_and_logged_and_later_jobs_still_run(offloader, caplog):
@@ -369,11 +411,12 @@ def test_a_failed_copy_is_reported_and_logged_and_later_jobs_still_run(offloader
     results = {r.job_id: r for r in offloader.get_finished()}
     assert sorted(results) == [0, 1, 2, 3]
     assert not results[2].success and "simulated DMA failure" in results[2].error
+    assert results[2].transfer_size == 0
     assert all(results[j].success for j in (0, 1, 3))
     assert "job 2 (store) failed" in caplog.text
 
 
-def test_transfer_on_one_thread_and_get_finished_on_another(offloader):
+def test_transfer_async_on_one_thread_and_get_finished_on_another(offloader):
     collected, done = [], threading.Event()
 
     def poll():
@@ -383,13 +426,14 @@ def test_transfer_on_one_thread_and_get_finished_on_another(offloader):
     poller = threading.Thread(target=poll)
     poller.start()
     for j in range(200):
-        offloader.store(j, [2 * (j % 4), 2 * (j % 4) + 1], [j % 4])
+        offloader.transfer_async(j, (DeviceBlocks([2 * (j % 4), 2 * (j % 4) + 1]), HostBlocks([j % 4])))
         if j % 4 == 3:
             offloader.wait(range(j - 3, j + 1))  # same host blocks come round again
     done.set()
     poller.join(timeout=60)
     assert not poller.is_alive()
-    assert sorted(r.job_id for r in collected) == list(range(200))
+    assert [r.job_id for r in collected] == list(range(200))  # submission order, exactly
+    assert all(r.success for r in collected)
 
 
 # --- stream/event discipline on an accelerator (skipped without one) ------------------
@@ -437,3 +481,247 @@ def test_events_are_recycled(kind):
             off.wait({j})
             off.get_finished()
         assert len(off._event_pool) == 2  # one start/end pair, reused every time
+
+
+# --- explicit offsets, partial chunks, groups, expedited loads ----------------------
+
+class MirrorModel:
+    """Plain reference of the host mirrors: sub-block (h * factor + k) of tensor t."""
+
+    def __init__(self, off: KVCacheOffloader):
+        self.off = off
+        self.host = [m.clone() for m in off.host_tensors]
+
+    def subs(self, host_ids, offset, n):
+        f = self.off.factor
+        return [h * f + k for h in host_ids for k in range(f)][offset:offset + n]
+
+    def store(self, tensors, dev, host_ids, offset):
+        for i in tensors:
+            for d, s in zip(dev, self.subs(host_ids, offset, len(dev))):
+                self.host[i][s] = self.off.device_tensors[i][d]
+
+    def expected_load(self, tensors, host_ids, offset, n):
+        return {i: [self.host[i][s].clone() for s in self.subs(host_ids, offset, n)] for i in tensors}
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+@pytest.mark.parametrize("offset,n", [(0, 1), (1, 1), ("last", 1), (0, 3), ("last", 2), (1, 6), (0, 8)])
+def test_explicit_offset_stores_and_loads_partial_chunks_at_both_ends(factor, offset, n):
+    offset = factor - 1 if offset == "last" else offset
+    caches = make_caches("kv_tuple", 24, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 16 * factor, num_host_blocks=8) as off:
+        model = MirrorModel(off)
+        n_host = -(-(offset + n) // factor)
+        host = [7, 2, 5, 0][:n_host]
+        dev = [20, 3, 11, 9, 0, 14, 6, 22][:n]
+        assert off.store(1, dev, host, offsets=offset)
+        model.store(range(4), dev, host, offset)
+        off.wait({1})
+        for got, want in zip(off.host_tensors, model.host):  # only the addressed sub-blocks changed
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+        back = [1, 4, 5, 8, 10, 12, 13, 15][:n]
+        off.load(2, host, back, offsets=offset)
+        off.wait({2})
+        for i, t in enumerate(off.device_tensors):
+            for b, want in zip(back, model.expected_load([i], host, offset, n)[i]):
+                assert torch.equal(t[b].view(torch.uint8), want.view(torch.uint8))
+        (r1, r2) = off.get_finished()
+        assert r1.transfer_size == r2.transfer_size == n * off.bytes_per_device_block
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda o: o.store(1, [0], [0], offsets=2), r"offsets\[0\] = 2 is out of range: valid offsets are 0..1"),
+    (lambda o: o.store(1, [0], [0], offsets=-1), r"offsets\[0\] = -1 is out of range"),
+    (lambda o: o.store(1, [0, 1], [0], offsets=1), r"store of 2 device blocks needs 2 host blocks"),
+    (lambda o: o.load(1, [0, 1], [0], offsets=0), r"load of 1 device blocks needs 1 host blocks \(factor 2\), got 2"),
+    (lambda o: o.store(1, [0], [0], offsets=[0, 0]), r"offsets has 2 entries; this offloader has 1 groups"),
+    (lambda o: o.store(1, [0], [0], group_sizes=[2]), r"group_sizes \[2\] must give 1"),
+])
+def test_bad_offsets_and_group_sizes_are_rejected(offloader, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(offloader)
+    assert offloader.pending() == []
+
+
+GROUP_LAYOUTS = {
+    "disjoint": [[0, 1], [2, 3]],
+    "shared": [[0, 1, 2, 3], [0, 1, 2, 3]],  # hybrid groups overlaying the same tensors
+    "overlap": [[0, 1, 2], [2, 3]],
+}
+
+
+@pytest.mark.parametrize("layout", sorted(GROUP_LAYOUTS))
+@pytest.mark.parametrize("factor", [1, 3])
+def test_groups_move_only_their_own_tensors_against_a_reference(layout, factor):
+    rng = random.Random(f"{layout}{factor}")
+    groups = GROUP_LAYOUTS[layout]
+    caches = make_caches("kv_tuple", 40, torch.bfloat16, layers=2)
+    with KVCacheOffloader(caches, 16, 16 * factor, num_host_blocks=60, groups=groups) as off:
+        model = MirrorModel(off)
+        free_host = list(range(60))
+        rng.shuffle(free_host)
+        for job in range(12):
+            sizes, offsets, dev, host, plan = [], [], [], [], []
+            used = set()
+            for g in range(2):
+                n = rng.choice([0, 1, 2, factor, factor + 1])
+                o = rng.randrange(factor)
+                d = rng.sample([b for b in range(40) if b not in used], n)
+                used |= set(d)
+                h = [free_host.pop() for _ in range(-(-(n + o) // factor) if n else 0)]
+                sizes.append(n), offsets.append(o), dev.extend(d), host.extend(h)
+                plan.append((groups[g], d, h, o))
+            off.store(job, dev, host, offsets=offsets, group_sizes=sizes)
+            off.wait({job})
+            for tensors, d, h, o in plan:
+                model.store(tensors, d, h, o)
+            (r,) = off.get_finished()
+            assert r.success and r.transfer_size == sum(
+                n * sum(off.device_tensors[i][0].numel() * 2 for i in groups[g]) for g, n in enumerate(sizes))
+            for got, want in zip(off.host_tensors, model.host):
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+            # Load the same chunks back into other device blocks, group by group.
+            before = [t.clone() for t in off.device_tensors]
+            back_all, expected = [], {}
+            for tensors, d, h, o in plan:
+                back = rng.sample([b for b in range(40) if b not in set(back_all)], len(d))
+                back_all.extend(back)
+                for i, rows in model.expected_load(tensors, h, o, len(d)).items():
+                    for b, row in zip(back, rows):
+                        expected[(i, b)] = row
+            off.load(100 + job, host, back_all, offsets=offsets, group_sizes=sizes)
+            off.wait({100 + job})
+            assert off.get_finished()[0].success
+            for i, t in enumerate(off.device_tensors):
+                for b in range(40):
+                    want = expected.get((i, b), before[i][b])  # untouched unless loaded
+                    assert torch.equal(t[b].view(torch.uint8), want.view(torch.uint8)), (i, b)
+
+
+def test_group_sizes_are_required_with_several_groups_and_groups_are_checked():
+    caches = make_caches("per_layer", 8, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 16, 4, groups=[[0], [1]]) as off:
+        with pytest.raises(ValueError, match="group_sizes is required: this offloader has 2 groups"):
+            off.store(1, [0], [0])
+        # Disjoint groups: the same device block id in both groups names
+        # different tensors, so a load may fill it for each group.
+        off.load(2, [0, 1], [5, 5], group_sizes=[1, 1], offsets=[0, 0])
+        off.wait({2})
+        assert off.get_finished()[0].success
+        assert torch.equal(off.device_tensors[0][5], off.host_tensors[0][0])
+        assert torch.equal(off.device_tensors[1][5], off.host_tensors[1][1])
+    with KVCacheOffloader(caches, 16, 16, 4, groups=[[0, 1], [1]]) as off:
+        with pytest.raises(ValueError, match="two groups that share a cache tensor write the same block"):
+            off.load(1, [2, 3], [5, 5], group_sizes=[1, 1], offsets=[0, 0])
+    for groups, match in [([[0], [2]], r"groups\[1\] names cache tensor 2; valid indices are 0..1"),
+                          ([[0, 0]], r"groups\[0\] names a cache tensor twice"),
+                          ([[]], r"groups\[0\] is empty"), ([], "at least one KV-cache group")]:
+        with pytest.raises(ValueError, match=match):
+            KVCacheOffloader(caches, 16, 16, 4, groups=groups)
+
+
+def test_an_expedited_load_does_not_queue_behind_ordinary_loads(offloader):
+    gate = threading.Event()
+    real_copy = offloader._copy
+
+    def copy(job):
+        if job.job_id == 1:
+            gate.wait()
+        real_copy(job)
+
+    offloader._copy = copy
+    try:
+        offloader.load(1, [0], [0, 1])              # ordinary lane, stuck
+        offloader.load(2, [1], [2, 3], expedited=True)
+        waiter = threading.Thread(target=offloader.wait, args=({2},))
+        waiter.start()
+        waiter.join(30)                              # returns although job 1 is stuck
+        assert not waiter.is_alive(), "the expedited load queued behind the stuck load"
+        assert [r.job_id for r in offloader.get_finished()] == [2]
+        assert offloader.pending() == [1]
+    finally:
+        gate.set()
+    offloader.wait({1})
+    assert [r.job_id for r in offloader.get_finished()] == [1]
+
+
+def test_get_finished_is_not_held_up_by_a_submission_being_launched(offloader):
+    entered, release = threading.Event(), threading.Event()
+    lane = offloader._queues["store"]
+
+    class SlowQueue:
+        def put(self, job):
+            entered.set()
+            release.wait()
+            lane.put(job)
+
+    offloader._queues["store"] = SlowQueue()
+    submitter = threading.Thread(target=offloader.store, args=(1, [0, 1], [0]))
+    submitter.start()
+    assert entered.wait(30)
+    poller = threading.Thread(target=offloader.get_finished)
+    poller.start()
+    poller.join(10)
+    launch_was_blocking_get_finished = poller.is_alive()
+    release.set()
+    submitter.join()
+    poller.join()
+    assert not launch_was_blocking_get_finished
+    offloader.wait({1})
+    assert [r.job_id for r in offloader.get_finished()] == [1]
+
+
+def test_each_lane_reports_in_submission_order_stores_then_loads_then_expedited(offloader):
+    gate = threading.Event()
+    real_copy = offloader._copy
+    offloader._copy = lambda job: (gate.wait(), real_copy(job))
+    offloader.load(10, [3], [6, 7], expedited=True)
+    offloader.load(11, [2], [4, 5])
+    for j in (3, 1, 2):
+        offloader.store(j, [2 * (j - 1), 2 * (j - 1) + 1], [j - 1])
+    gate.set()
+    offloader.wait({10, 11, 1, 2, 3})
+    assert [r.job_id for r in offloader.get_finished()] == [3, 1, 2, 11, 10]
+
+
+@dataclass
+class GroupedGPUSpec:
+    """vLLM 0.33's GPULoadStoreSpec shape: ids, group_sizes, block_indices."""
+
+    block_ids: np.ndarray
+    group_sizes: list
+    block_indices: list
+
+    @staticmethod
+    def medium() -> str:
+        return "GPU"
+
+
+def test_transfer_async_takes_offsets_from_vllm_block_indices():
+    caches = make_caches("per_layer", 16, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 64, num_host_blocks=4, groups=[[0], [1]]) as off:
+        # Group 0: logical block 7 -> sub-block 3 of host block 2 (the last one);
+        # group 1: logical block 4 -> sub-block 0 of host block 1, two blocks.
+        spec = GroupedGPUSpec(np.array([5, 9, 10], dtype=np.int32), [1, 2], [7, 4])
+        off.transfer_async(1, (spec, CPULoadStoreSpec(np.array([2, 1]))))
+        off.wait({1})
+        assert torch.equal(off.host_tensors[0][2 * 4 + 3], off.device_tensors[0][5])
+        assert torch.equal(off.host_tensors[1][1 * 4 + 0], off.device_tensors[1][9])
+        assert torch.equal(off.host_tensors[1][1 * 4 + 1], off.device_tensors[1][10])
+        assert off.get_finished()[0].transfer_size == 3 * off.device_tensors[0][0].numel() * 2
+        back = GroupedGPUSpec(np.array([0, 1], dtype=np.int32), [0, 2], [0, 5])
+        off.transfer_async(2, (CPULoadStoreSpec(np.array([1])), back), expedited=True)
+        off.wait({2})
+        assert torch.equal(off.device_tensors[1][0], off.host_tensors[1][5])
+        assert torch.equal(off.device_tensors[1][1], off.host_tensors[1][6])
+
+
+def test_typed_device_spec_carries_offsets_and_group_sizes():
+    caches = make_caches("per_layer", 8, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 32, num_host_blocks=4, groups=[[0], [1]]) as off:
+        off.transfer_async(1, (DeviceBlocks([3, 4], group_sizes=[1, 1], offsets=[1, 0]), HostBlocks([2, 3])))
+        off.wait({1})
+        assert torch.equal(off.host_tensors[0][2 * 2 + 1], off.device_tensors[0][3])
+        assert torch.equal(off.host_tensors[1][3 * 2 + 0], off.device_tensors[1][4])
+        assert not off.host_tensors[0][2 * 2].any() and not off.host_tensors[1][3 * 2 + 1].any()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 __all__ = ["Direction", "swap_blocks_batch", "swap_blocks", "expand_block_ids",
@@ -42,7 +43,9 @@ def swap_blocks_batch(
             entries are skipped.
         direction: :class:`Direction` (0 host→device, 1 device→host,
             2 device→device). It selects the copy kind for the accelerator's
-            DMA API; the host engine ignores it.
+            DMA API; the host engine ignores it. A ``bool`` is refused with
+            ``TypeError``: it is what vLLM passes in this place
+            (``is_src_access_order_any``), not a direction.
 
     Device and stream: the copies are issued on the **current stream of the
     current accelerator** (``torch.accelerator.current_stream()``) and are
@@ -64,6 +67,15 @@ def swap_blocks_batch(
     graph it is *not* ordered against functionalized writes to the tensors
     behind the addresses. Use :func:`swap_blocks` in compiled code.
     """
+    if isinstance(direction, (bool, np.bool_)):
+        raise TypeError(
+            f"direction must be a Direction or an int 0/1/2, got the bool {bool(direction)}. "
+            "vLLM's swap_blocks_batch(src_ptrs, dst_ptrs, sizes, bool is_src_access_order_any) "
+            "takes a source-access-order hint in that place, not a direction: True (its loads) "
+            "would read here as 1 = DEVICE_TO_HOST, the reverse of the copy. Pass the direction "
+            "explicitly: Direction.HOST_TO_DEVICE for vLLM's loads (CPU->GPU, "
+            "is_src_access_order_any=True), Direction.DEVICE_TO_HOST for its stores (GPU->CPU, "
+            "False); see docs/ops.md")
     torch.ops.kvswap.swap_blocks_batch.default(src_ptrs, dst_ptrs, sizes, int(direction))
 
 
