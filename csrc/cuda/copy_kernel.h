@@ -90,12 +90,32 @@ struct alignas(16) Vec16 {
 // words of Word: a head of fewer than sizeof(Word) bytes up to the
 // destination's alignment, the word body, and a tail of fewer than
 // sizeof(Word) bytes. The caller picks Word so both sides align alike.
+#if defined(KVSWAP_COPY_KERNEL_STATS) && !defined(__CUDA_ARCH__)
+// Host build in the fake runtime only: bytes copied per word width, so the
+// tests can see that a size that is not a multiple of 16 still goes in
+// 16-byte words, save a head and a tail of fewer than 16 bytes.
+struct CopyStats {
+  int64_t bytes[5] = {0, 0, 0, 0, 0};  // by log2(width)
+};
+inline CopyStats& copy_stats() {
+  static CopyStats stats;
+  return stats;
+}
+#define KVSWAP_COPY_STAT(width, n) \
+  (::kvswap::cuda::copy_stats().bytes[(width) == 16 ? 4 : (width) == 8 ? 3 : (width) == 4 ? 2 : (width) == 2 ? 1 : 0] += (n))
+#else
+#define KVSWAP_COPY_STAT(width, n) ((void)0)
+#endif
+
 template <class Word>
 KVSWAP_HD void copy_words(const char* from, char* to, int64_t bytes, int tid, int nthreads) {
   constexpr int64_t W = static_cast<int64_t>(sizeof(Word));
   int64_t head = (W - static_cast<int64_t>(reinterpret_cast<uintptr_t>(to) % W)) % W;
   if (head > bytes) head = bytes;
-  for (int64_t b = tid; b < head; b += nthreads) to[b] = from[b];
+  for (int64_t b = tid; b < head; b += nthreads) {
+    to[b] = from[b];
+    KVSWAP_COPY_STAT(1, 1);
+  }
   const int64_t words = (bytes - head) / W;
   const Word* f = reinterpret_cast<const Word*>(from + head);
   Word* t = reinterpret_cast<Word*>(to + head);
@@ -105,8 +125,12 @@ KVSWAP_HD void copy_words(const char* from, char* to, int64_t bytes, int tid, in
 #else
     std::memcpy(t + w, f + w, sizeof(Word));
 #endif
+    KVSWAP_COPY_STAT(W, W);
   }
-  for (int64_t b = head + words * W + tid; b < bytes; b += nthreads) to[b] = from[b];
+  for (int64_t b = head + words * W + tid; b < bytes; b += nthreads) {
+    to[b] = from[b];
+    KVSWAP_COPY_STAT(1, 1);
+  }
 }
 
 // The widest word both addresses share an alignment for: 16 bytes whenever

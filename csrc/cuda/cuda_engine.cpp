@@ -75,15 +75,17 @@ std::string describe_error(cudaError_t err) {
   return std::string(api().get_error_name(err)) + " (" + api().get_error_string(err) + ")";
 }
 
-#define KVSWAP_CUDA_CHECK(call, ...)                                                          \
-  do {                                                                                        \
-    const cudaError_t kvswap_err_ = (call);                                                   \
-    if (kvswap_err_ != cudaSuccess) {                                                         \
-      clear_last_error();                                                                     \
-      TORCH_CHECK(false, "kvswap CUDA engine: " #call " failed: ", describe_error(kvswap_err_), \
-                  ". ", ##__VA_ARGS__);                                                       \
-    }                                                                                         \
+// Checks a runtime call's answer; `what` names the call in the message.
+#define KVSWAP_CUDA_CHECK_NAMED(answer, what, ...)                                           \
+  do {                                                                                       \
+    const cudaError_t kvswap_err_ = (answer);                                                \
+    if (kvswap_err_ != cudaSuccess) {                                                        \
+      clear_last_error();                                                                    \
+      TORCH_CHECK(false, "kvswap CUDA engine: ", what, " failed: ", describe_error(kvswap_err_), \
+                  ". ", ##__VA_ARGS__);                                                      \
+    }                                                                                        \
   } while (0)
+#define KVSWAP_CUDA_CHECK(call, ...) KVSWAP_CUDA_CHECK_NAMED(call, #call, ##__VA_ARGS__)
 
 constexpr int kMaxDevices = 64;
 
@@ -147,12 +149,11 @@ struct TableRuntime {
     const cudaError_t restored = api().thread_exchange_stream_capture_mode(&restore);
     if (err == cudaErrorNotReady) {
       clear_last_error();  // not an error, but the runtime records it as one
-      KVSWAP_CUDA_CHECK(restored);
-      return false;
+    } else {
+      KVSWAP_CUDA_CHECK_NAMED(err, "cudaEventQuery (a batch's completion)");
     }
-    KVSWAP_CUDA_CHECK(err);
-    KVSWAP_CUDA_CHECK(restored);
-    return true;
+    KVSWAP_CUDA_CHECK_NAMED(restored, "cudaThreadExchangeStreamCaptureMode (restoring the mode)");
+    return err == cudaSuccess;
   }
 };
 

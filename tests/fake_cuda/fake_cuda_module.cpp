@@ -182,6 +182,8 @@ void set_fault(c10::string_view name, int64_t value) {
     f.driver_version = static_cast<int>(value);
   } else if (name == "stalled") {
     f.stalled = value != 0;
+  } else if (name.substr(0, 5) == "fail:") {
+    f.fail[std::string(name.substr(5))] = err;
   } else {
     TORCH_CHECK_VALUE(false, "unknown fault ", name);
   }
@@ -236,13 +238,9 @@ std::vector<double> bench_overhead(int64_t descriptors, int64_t iters) {
   auto one = table(1);
   auto many = table(descriptors);
   std::vector<double> out;
-  auto submit = [&](const at::Tensor& t) {
-    kvswap::cuda::submit_cuda(t[0], t[1], t[2], 0, t.size(1) * 64, device);
-  };
   // Row views are made outside the timed loop.
   auto r1 = std::vector<at::Tensor>{one[0], one[1], one[2]};
   auto rn = std::vector<at::Tensor>{many[0], many[1], many[2]};
-  (void)submit;
   auto run = [&](const std::vector<at::Tensor>& r) {
     kvswap::cuda::submit_cuda(r[0], r[1], r[2], 0, r[2].numel() * 64, device);
   };
@@ -306,6 +304,7 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("violations() -> str[]", [] { return fake_cuda::violations(); });
   m.def("launches() -> int[]", &launches);
   m.def("batches() -> int[]", &batches);
+  m.def("copy_widths() -> int[]", [] { return fake_cuda::copy_widths(); });
   m.def("in_flight(int device) -> int",
         [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::batches_in_flight(static_cast<int>(d))); });
   m.def("batch_enabled(int device) -> bool",

@@ -62,6 +62,8 @@
 // * Faults: the batch entry absent, the batch call answering an error, a
 //   failing descriptor k, a failing cudaMemcpyAsync k, a failing host
 //   registration, runtime and driver versions, and a stalled device.
+// The kernel body counts the bytes it copies per word width (host build only).
+#define KVSWAP_COPY_KERNEL_STATS 1
 #include "fake_cuda_runtime.h"
 
 #include <algorithm>
@@ -167,6 +169,18 @@ cudaError_t note(const char* api, const StreamState* s, cudaError_t result) {
   if (result != cudaSuccess) t_last_error = result;
   return result;
 }
+
+// A fault injected for `api` (Faults::fail), or cudaSuccess.
+cudaError_t injected(const char* api) {
+  const auto& fail = world().faults.fail;
+  auto it = fail.find(api);
+  return it == fail.end() ? cudaSuccess : it->second;
+}
+
+#define KVSWAP_FAKE_INJECT(api, stream)                                                   \
+  do {                                                                                    \
+    if (const cudaError_t injected_ = injected(api)) return note(api, stream, injected_); \
+  } while (0)
 
 StreamState* resolve(cudaStream_t stream) {
   World& w = world();
@@ -288,11 +302,13 @@ cudaError_t f_get_last_error() {
 const char* f_error_string(cudaError_t err) { return error_name(err); }
 
 cudaError_t f_runtime_version(int* v) {
+  KVSWAP_FAKE_INJECT("cudaRuntimeGetVersion", nullptr);
   *v = world().faults.runtime_version;
   return cudaSuccess;
 }
 
 cudaError_t f_driver_version(int* v) {
+  KVSWAP_FAKE_INJECT("cudaDriverGetVersion", nullptr);
   *v = world().faults.driver_version;
   return cudaSuccess;
 }
@@ -303,6 +319,7 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
   const int64_t call = w.memcpy_calls++;
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaMemcpyAsync", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaMemcpyAsync", s);
   if (call == w.faults.memcpy_fail_at) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
   const Span from = classify(src, n);
   const Span to = classify(dst, n);
@@ -355,6 +372,7 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
     return note("cudaMemcpyBatchAsync", s, err);
   };
   if (s == nullptr) return done(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t e = injected("cudaMemcpyBatchAsync")) return done(e);
   if (w.faults.batch_error != cudaSuccess) return done(w.faults.batch_error);
   if (s->legacy) return done(cudaErrorInvalidValue);
   if (s->capture != nullptr) return done(cudaErrorStreamCaptureUnsupported);  // capture stays valid
@@ -400,6 +418,7 @@ cudaError_t f_stream_is_capturing(cudaStream_t stream, cudaStreamCaptureStatus* 
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaStreamIsCapturing", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaStreamIsCapturing", s);
   if (s->legacy && !blocking_captures(s->device).empty()) {
     return note("cudaStreamIsCapturing", s, cudaErrorStreamCaptureImplicit);  // not invalidated
   }
@@ -410,12 +429,14 @@ cudaError_t f_stream_is_capturing(cudaStream_t stream, cudaStreamCaptureStatus* 
 }
 
 cudaError_t f_exchange_mode(cudaStreamCaptureMode* mode) {
+  KVSWAP_FAKE_INJECT("cudaThreadExchangeStreamCaptureMode", nullptr);
   std::swap(*mode, t_mode);
   return cudaSuccess;
 }
 
 cudaError_t f_event_create(cudaEvent_t* event, unsigned int) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
+  KVSWAP_FAKE_INJECT("cudaEventCreateWithFlags", nullptr);
   world().events.emplace_back();
   *event = reinterpret_cast<cudaEvent_t>(&world().events.back());
   return note("cudaEventCreateWithFlags", nullptr, cudaSuccess);
@@ -425,6 +446,7 @@ cudaError_t f_event_record(cudaEvent_t event, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* s = resolve(stream);
   if (s == nullptr || event == nullptr) return note("cudaEventRecord", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaEventRecord", s);
   auto* e = reinterpret_cast<EventState*>(event);
   if (s->capture != nullptr) {
     e->captured = true;
@@ -443,6 +465,7 @@ cudaError_t f_event_query(cudaEvent_t event) {
   World& w = world();
   auto* e = reinterpret_cast<EventState*>(event);
   if (e == nullptr) return note("cudaEventQuery", nullptr, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaEventQuery", e->stream);
   if (e->captured) return note("cudaEventQuery", e->stream, cudaErrorCapturedEvent);
   if (unsafe_prohibited()) return note("cudaEventQuery", e->stream, cudaErrorStreamCaptureUnsupported);
   if (e->stream == nullptr) return note("cudaEventQuery", nullptr, cudaSuccess);
@@ -453,6 +476,7 @@ cudaError_t f_event_query(cudaEvent_t event) {
 
 cudaError_t f_pointer_attributes(cudaPointerAttributes* attrs, const void* ptr) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
+  KVSWAP_FAKE_INJECT("cudaPointerGetAttributes", nullptr);
   *attrs = cudaPointerAttributes{};
   const Span s = classify(ptr, 1);
   switch (s.where) {
@@ -511,6 +535,7 @@ cudaError_t f_launch_copy(const CopyParams* params, unsigned grid_x, unsigned gr
   World& w = world();
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaLaunchKernel", s);
   if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
     return note("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
   }
@@ -674,6 +699,7 @@ void reset(int devices) {
   w.violations.clear();
   w.launches.clear();
   w.batches.clear();
+  kvswap::cuda::copy_stats() = kvswap::cuda::CopyStats{};
   t_last_error = cudaSuccess;
   t_mode = cudaStreamCaptureModeGlobal;
   t_device = 0;
@@ -862,6 +888,12 @@ std::vector<std::string> violations() {
 std::vector<LaunchRecord> launches() {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   return world().launches;
+}
+
+std::vector<int64_t> copy_widths() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  const auto& b = kvswap::cuda::copy_stats().bytes;
+  return std::vector<int64_t>(b, b + 5);
 }
 
 std::vector<BatchRecord> batches() {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,7 @@ struct Faults {
   int runtime_version = 13000;
   int driver_version = 13000;
   bool stalled = false;                        // queued work does not progress until a sync
+  std::map<std::string, cudaError_t> fail;     // runtime function name -> error it answers
 };
 Faults& faults();
 
@@ -82,5 +84,7 @@ struct BatchRecord {
   int src_access_order;
 };
 std::vector<BatchRecord> batches();
+// Bytes the kernel body copied, by word width (1, 2, 4, 8, 16 bytes).
+std::vector<int64_t> copy_widths();
 
 }  // namespace fake_cuda
