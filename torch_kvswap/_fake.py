@@ -87,6 +87,13 @@ def _host_register_fake(buffer, device, pin):
     return None
 
 
+@torch.library.register_fake("kvswap::_host_mapped")
+def _host_mapped_fake(tensors, device):
+    # Asked by the core inside swap_blocks, never traced; the fake cannot
+    # know what memory a real tensor will occupy.
+    return False
+
+
 def _plan_fake():
     # The number of descriptors after merging depends on the ids' values.
     ctx = torch.library.get_ctx()
