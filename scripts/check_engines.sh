@@ -67,7 +67,13 @@ if [ ! -x "$NVCC" ]; then
   echo "[engines] nvcc not found; the CUDA engine cannot be checked" >&2
   exit 1
 fi
-CUDA_INC="$(cd "$(dirname "$NVCC")/.." && pwd)/include"
+# The toolkit's headers (nvcc may be a wrapper script elsewhere): CUDA_HOME,
+# else torch's guess, else /usr/local/cuda.
+CUDA_INC=""
+for home in "${CUDA_HOME:-}" "$("$PY" -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")')" /usr/local/cuda; do
+  if [ -n "$home" ] && [ -f "$home/include/cuda_runtime_api.h" ]; then CUDA_INC="$home/include"; break; fi
+done
+[ -n "$CUDA_INC" ] || { echo "[engines] CUDA runtime headers not found" >&2; exit 1; }
 for src in csrc/cuda/cuda_engine.cpp csrc/cuda/cuda_api_real.cpp; do
   echo "[engines] $CXX $src (CUDA runtime headers)"
   "$CXX" -std=c++20 -O2 -fPIC -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \

@@ -32,7 +32,7 @@ if [ -n "$NVCC" ]; then
   INCS=()
   for d in $("$PY" -c 'import torch.utils.cpp_extension as c; print(" ".join(c.include_paths()))') \
            "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')" \
-           "$(cd "$(dirname "$NVCC")/.." && pwd)/include"; do
+           "${CUDA_HOME:-/usr/local/cuda}/include"; do
     INCS+=("-isystem" "$d")
   done
   for src in csrc/cuda/cuda_engine.cpp csrc/cuda/cuda_api_real.cpp; do
