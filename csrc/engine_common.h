@@ -43,9 +43,11 @@ inline DescriptorArrays descriptor_arrays(const CopyBatch& b) {
 }
 
 // Per-descriptor attributes of a batch call: one attrs entry and one index
-// per descriptor (attrs[i] applies from indexes[i]). A single scalar index for
-// n descriptors would let the runtime read past the index array. Owned by the
-// in-flight record until the device has consumed the batch.
+// per descriptor (attrs[i] applies from indexes[i]). Valid, but not needed:
+// an entry applies from its index up to the next entry's index, the last one
+// through the end of the batch (cuda_runtime_api.h:6422-6424, CUDA 13.0), so
+// one entry with index 0 covers a whole batch (the CUDA engine passes that).
+// Owned by the in-flight record until the device has consumed the batch.
 template <class Attr>
 struct BatchAttrs {
   std::vector<Attr> attrs;

@@ -273,6 +273,23 @@ def test_batch_arrays_are_held_until_the_copies_ran(fake):
         assert torch.equal(got[7 - k], src[0][k])
 
 
+def test_batch_arrays_are_not_read_after_the_call(fake):
+    """The other lifetime model: the runtime consumes the arrays during the call and the
+    caller's copies are garbage afterwards (the fake overwrites them)."""
+    stream = side_stream()
+    src = caches(4096, 8, "device", pairs=2, seed=29)
+    dst = caches(4096, 8, "pinned", pairs=2, seed=30)
+    F.set_fault("scribble_arrays", 1)
+    torch_kvswap.set_copy_method("dma")
+    want = expected(src, dst, [1, 6, 3], [0, 2, 7])
+    torch_kvswap.swap_blocks(src, dst, torch.tensor([1, 6, 3]), torch.tensor([0, 2, 7]))
+    torch_kvswap.swap_blocks(src, dst, torch.tensor([2]), torch.tensor([5]))
+    want = [w.index_copy(0, torch.tensor([5]), host_bytes(s)[[2]]) for w, s in zip(want, src)]
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert all(torch.equal(d, w) for d, w in zip(dst, want))
+    assert F.count_calls("cudaMemcpyBatchAsync") == 2
+
+
 # --- review findings: one test each --------------------------------------------------
 
 

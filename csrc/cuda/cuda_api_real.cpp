@@ -62,7 +62,9 @@ int exchange_device(int device) {
 #if CUDART_VERSION >= 13000
 MemcpyBatchFn batch_entry() { return &cudaMemcpyBatchAsync; }
 #elif CUDART_VERSION >= 12080
-// CUDA 12.8 and 12.9 declare the batch call with a failIdx output.
+// CUDA 12.8 and 12.9 declare the batch call with a failIdx output and
+// non-const arrays; they are inputs all the same, passed in place (the
+// engine holds them until the copies have run).
 cudaError_t batch_12x(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
                       cudaMemcpyAttributes* attrs, size_t* attrs_idxs, size_t num_attrs, cudaStream_t stream) {
   size_t fail_index = SIZE_MAX;

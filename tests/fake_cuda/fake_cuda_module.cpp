@@ -182,6 +182,8 @@ void set_fault(c10::string_view name, int64_t value) {
     f.driver_version = static_cast<int>(value);
   } else if (name == "stalled") {
     f.stalled = value != 0;
+  } else if (name == "scribble_arrays") {
+    f.scribble_arrays = value != 0;
   } else if (name.substr(0, 5) == "fail:") {
     f.fail[std::string(name.substr(5))] = err;
   } else {

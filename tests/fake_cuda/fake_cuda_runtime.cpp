@@ -25,11 +25,14 @@
 //   capture stays valid, as rmm#2518 measured); attrs/attrsIdxs must satisfy
 //   cuda_runtime_api.h:6386-6390 (first index 0, increasing, below count,
 //   numAttrs <= count) and carry a valid srcAccessOrder (6401-6403). The
-//   header does not say when the arrays are read, so the fake reads the
-//   pointer arrays when the copies run and reports a violation if they
-//   changed since the call; attrs and attrsIdxs, which the API takes through
-//   non-const pointers (6435), are read during the call and overwritten
-//   after it returns, so reusing them across calls fails validation.
+//   header does not say when the arrays are read, so the fake models both
+//   ends: by default it reads the pointer arrays when the copies run and
+//   reports a violation if they changed since the call (an engine that
+//   released them early fails); with the `scribble_arrays` fault it copies
+//   them during the call and overwrites them after it returns (an engine that
+//   read them afterwards fails). attrs and attrsIdxs, which the API takes
+//   through non-const pointers (6435), are read during the call and always
+//   overwritten after it returns, so reusing them across calls fails.
 // * Capture: record, instantiate, replay. Work on a capturing stream becomes
 //   graph nodes (cuda_runtime_api.h:2436-2438). Prohibited, with
 //   cudaErrorStreamCaptureUnsupported, and invalidating the capture ("When an
@@ -402,15 +405,24 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
   auto snap_dst = std::make_shared<std::vector<void*>>(dsts, dsts + count);
   auto snap_src = std::make_shared<std::vector<const void*>>(srcs, srcs + count);
   auto snap_size = std::make_shared<std::vector<size_t>>(sizes, sizes + count);
+  const bool scribble = w.faults.scribble_arrays;
   const cudaError_t err = enqueue(s, [=] {
     // The runtime may read the arrays now: they must not have changed.
-    if (!std::equal(snap_dst->begin(), snap_dst->end(), dsts) ||
+    if (!scribble && (!std::equal(snap_dst->begin(), snap_dst->end(), dsts) ||
         !std::equal(snap_src->begin(), snap_src->end(), srcs) ||
-        !std::equal(snap_size->begin(), snap_size->end(), sizes)) {
+        !std::equal(snap_size->begin(), snap_size->end(), sizes))) {
       world().violations.push_back("cudaMemcpyBatchAsync: descriptor arrays changed before the copies ran");
     }
     for (size_t i = 0; i < snap_dst->size(); ++i) std::memcpy((*snap_dst)[i], (*snap_src)[i], (*snap_size)[i]);
   });
+  if (scribble && err == cudaSuccess) {
+    // The other model of the arrays' lifetime: consumed during the call, the
+    // caller's copies garbage afterwards. An engine that read its table after
+    // a successful submission would copy garbage.
+    std::memset(const_cast<void**>(dsts), 0xEE, count * sizeof(void*));
+    std::memset(const_cast<void**>(srcs), 0xEE, count * sizeof(void*));
+    std::memset(const_cast<size_t*>(sizes), 0xEE, count * sizeof(size_t));
+  }
   return done(err);
 }
 

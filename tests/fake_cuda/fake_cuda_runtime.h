@@ -61,6 +61,8 @@ struct Faults {
   int runtime_version = 13000;
   int driver_version = 13000;
   bool stalled = false;                        // queued work does not progress until a sync
+  bool scribble_arrays = false;                // batch: copy the pointer arrays during the call,
+                                               // then overwrite them too (const or not)
   std::map<std::string, cudaError_t> fail;     // runtime function name -> error it answers
 };
 Faults& faults();
