@@ -426,15 +426,34 @@ bool stream_capturing_cuda(c10::Device device) {
 // cudaPointerGetAttributes per distinct storage, with `device` current:
 // devicePointer is "the device pointer alias through which the memory ...
 // may be accessed on the current device" (cuda_runtime_api.h:8419-8421).
+// The core asks this while the stream may be capturing. The header does not
+// list which calls are "potentially unsafe" during capture (cuda_runtime_api.h:
+// 2524-2525 names cudaMalloc as an example); this one touches no stream, so it
+// runs with the thread's capture mode relaxed, which is always legal.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { KVSWAP_CUDA_CHECK(api().thread_exchange_stream_capture_mode(&mode_)); }
+  ~RelaxedCaptureMode() {
+    if (api().thread_exchange_stream_capture_mode(&mode_) != cudaSuccess) clear_last_error();
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
 bool host_mapped_cuda(at::TensorList tensors, c10::Device device) {
   const int index = checked_index(device);
   DeviceScope scope(index);
+  std::optional<RelaxedCaptureMode> relaxed;
   std::vector<const void*> seen;
   for (const auto& t : tensors) {
     if (!t.device().is_cpu() || t.numel() == 0) continue;
     const void* base = t.has_storage() ? t.storage().data() : t.const_data_ptr();
     if (std::find(seen.begin(), seen.end(), base) != seen.end()) continue;
     seen.push_back(base);
+    if (!relaxed) relaxed.emplace();
     cudaPointerAttributes attrs{};
     const cudaError_t err = api().pointer_get_attributes(&attrs, base);
     if (err != cudaSuccess) {

@@ -54,8 +54,8 @@ MUTANTS = [
     dict(
         name="cuda-pointer-attributes-before-the-guard",
         file="csrc/cuda/cuda_engine.cpp",
-        find="  DeviceScope scope(index);\n  std::vector<const void*> seen;",
-        replace="  (void)index;\n  std::vector<const void*> seen;",
+        find="  DeviceScope scope(index);\n  std::optional<RelaxedCaptureMode> relaxed;",
+        replace="  (void)index;\n  std::optional<RelaxedCaptureMode> relaxed;",
         tests=[FAKE + "::test_finding_5_pointer_attributes_once_per_host_storage_with_the_device_current"],
         why="review finding 5: cudaPointerGetAttributes answers for the current device, which is "
             "not yet the target device",
