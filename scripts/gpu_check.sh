@@ -76,23 +76,27 @@ build() {
   mkdir -p "$LIB/torch_kvswap" && cp torch_kvswap/*.py "$LIB/torch_kvswap/" &&
   KVSWAP_BUILD_CUDA=1 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=0 TORCH_CUDA_ARCH_LIST=9.0 \
     MAX_JOBS="${MAX_JOBS:-16}" "$PY" setup.py build_ext --build-lib "$LIB" --build-temp "$OUT/build" &&
-  PYTHONPATH="$LIB" "$PY" -c 'import torch_kvswap as k; print("engines:", k.ENGINES, k._loader.ENGINE_ERRORS); assert k.ENGINES["cuda"]'
+  (cd "$OUT" && PYTHONPATH="$LIB" "$PY" -c 'import torch_kvswap as k; print("engines:", k.ENGINES, k._loader.ENGINE_ERRORS); assert k.ENGINES["cuda"]')
 }
 step build 240 build
+# From here on the package is the one in $LIB: run from $OUT, so that the
+# source tree's torch_kvswap/ (no compiled engines) is not on sys.path first.
 export PYTHONPATH="$LIB"
-PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider -o cache_dir="$OUT/cache/pytest" --rootdir "$ROOT")
+cd "$OUT"
+T="$ROOT/tests"
+PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider --rootdir "$ROOT")
 
 # --- tests: the CUDA half of the suite -------------------------------------------------------
-step tests 100 "${PYTEST[@]}" --junitxml="$OUT/tests.xml" tests/test_accelerators.py tests/test_compile.py -k "cuda"
+step tests 100 "${PYTEST[@]}" --junitxml="$OUT/tests.xml" "$T/test_accelerators.py" "$T/test_compile.py" -k "cuda"
 
 # --- memcheck: a short set under compute-sanitizer ----------------------------------------
 step memcheck 70 compute-sanitizer --tool memcheck --error-exitcode 9 --log-file "$OUT/memcheck.txt" \
-  "${PYTEST[@]}" tests/test_accelerators.py \
-  -k "cuda and (matches_the_cpu_reference and 2048 and bfloat16 or pointer_op or kernel_path or graph_replay)"
+  "${PYTEST[@]}" "$T/test_accelerators.py" \
+  -k "cuda and (matches_the_cpu_reference and 2048 and bfloat16 or pointer_op or kernel_path or capture_on_every_path and 2048)"
 
 # --- probes and benchmark -------------------------------------------------------------------
-step probe 45 "$PY" scripts/gpu_probe.py probe "$OUT/probe.json"
-step bench 60 "$PY" scripts/gpu_probe.py bench "$OUT/bench.json"
+step probe 45 "$PY" "$ROOT/scripts/gpu_probe.py" probe "$OUT/probe.json"
+step bench 60 "$PY" "$ROOT/scripts/gpu_probe.py" bench "$OUT/bench.json"
 
 echo "gpu_check: done in $(( $(date +%s) - START ))s; results in $OUT"
 exit "$FAILED"
