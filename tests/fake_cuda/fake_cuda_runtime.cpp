@@ -23,7 +23,7 @@
 //   (cudaErrorStreamCaptureUnsupported, measured in rapidsai/rmm#2518 and
 //   NVIDIA/cuopt#1753: "cudaMemcpyBatchAsync during capture -> 900"; the
 //   capture stays valid, as rmm#2518 measured); attrs/attrsIdxs must satisfy
-//   cuda_runtime_api.h:6386-6390 (first index 0, increasing, below count,
+//   cuda_runtime_api.h:6387-6388 (first index 0, increasing, below count,
 //   numAttrs <= count) and carry a valid srcAccessOrder (6401-6403). The
 //   header does not say when the arrays are read, so the fake models both
 //   ends: by default it reads the pointer arrays when the copies run and
@@ -34,7 +34,7 @@
 //   through non-const pointers (6435), are read during the call and always
 //   overwritten after it returns, so reusing them across calls fails.
 // * Capture: record, instantiate, replay. Work on a capturing stream becomes
-//   graph nodes (cuda_runtime_api.h:2436-2438). Prohibited, with
+//   graph nodes (cuda_runtime_api.h:2437-2439). Prohibited, with
 //   cudaErrorStreamCaptureUnsupported, and invalidating the capture ("When an
 //   invalid operation is attempted during stream capture, any associated
 //   capture graphs are invalidated", CUDA Programming Guide, Stream Capture,
@@ -42,11 +42,11 @@
 //   pageable memory (they synchronize, see above), and the "potentially
 //   unsafe" calls (synchronous cudaMemcpy, stream and event sync, event
 //   query, host registration, allocation) under the thread's capture mode
-//   (cuda_runtime_api.h:2536-2547): global mode prohibits them while this
+//   (cuda_runtime_api.h:2536-2548): global mode prohibits them while this
 //   thread captures (not relaxed) or any other thread captures in global
 //   mode; thread-local mode only for this thread's own captures; relaxed
 //   never. cudaEventQuery on an event recorded in a capture fails with
-//   cudaErrorCapturedEvent in every mode (2545-2547, driver_types.h:1058).
+//   cudaErrorCapturedEvent in every mode (2546-2548, driver_types.h:1054-1058).
 //   The legacy stream, while a blocking stream of its device captures,
 //   fails with cudaErrorStreamCaptureImplicit (cuda_runtime_api.h:2603-2610;
 //   cudaStreamIsCapturing does not invalidate the capture, use does).
@@ -226,7 +226,7 @@ bool host_side(const Span& s) { return s.where == Where::kPinned || s.where == W
 
 void invalidate(Capture* c) { c->invalidated = true; }
 
-// The thread-mode rule of cuda_runtime_api.h:2536-2547 for "potentially
+// The thread-mode rule of cuda_runtime_api.h:2536-2548 for "potentially
 // unsafe" calls; invalidates the captures that forbid the call.
 bool unsafe_prohibited() {
   World& w = world();
@@ -503,7 +503,7 @@ cudaError_t f_pointer_attributes(cudaPointerAttributes* attrs, const void* ptr) 
       attrs->devicePointer = const_cast<void*>(ptr);  // mapped, same address under UVA
       attrs->hostPointer = const_cast<void*>(ptr);
       break;
-    default:  // "forward passing host pointer will return cudaMemoryTypeUnregistered" (8389-8390)
+    default:  // "forward passing host pointer will return cudaMemoryTypeUnregistered" (8392-8393)
       attrs->type = cudaMemoryTypeUnregistered;
       attrs->hostPointer = const_cast<void*>(ptr);
   }
