@@ -9,6 +9,11 @@ extensions, detected at build time without needing the hardware:
 * ``torch_kvswap._C_npu`` (``csrc/ascend/``): built when torch_npu is installed
   (its headers are all the build reads; CANN is found at run time).
   ``KVSWAP_BUILD_NPU=1`` forces it, ``=0`` skips it.
+* ``torch_kvswap._fake_cuda`` (tests only, ``tests/fake_cuda/``): the CUDA
+  engine's host logic bound to a fake CUDA runtime on host memory, so the
+  CPU suite runs it. Built when ``KVSWAP_BUILD_FAKES=1`` (scripts/env.sh sets
+  it) and the CUDA runtime headers are found (``CUDA_HOME``, or nvcc's
+  toolkit, or ``/usr/local/cuda``); it needs no GPU and no CUDA build of torch.
 
 Build with ``pip install --no-build-isolation .`` so the extension is compiled
 against the torch already installed.
@@ -87,6 +92,16 @@ def core_extension() -> CppExtension:
     )
 
 
+def _cuda_include_dir() -> str | None:
+    """The CUDA toolkit's include directory with cuda_runtime_api.h, if any."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    for home in (os.environ.get("CUDA_HOME"), CUDA_HOME, "/usr/local/cuda"):
+        if home and (Path(home) / "include" / "cuda_runtime_api.h").is_file():
+            return str(Path(home) / "include")
+    return None
+
+
 def cuda_extension():
     wanted = _flag("KVSWAP_BUILD_CUDA")
     if wanted is False:
@@ -96,11 +111,36 @@ def cuda_extension():
     found = bool(torch.version.cuda) and CUDA_HOME is not None
     if not (found or wanted):
         return None
-    sources = sorted((CSRC / "cuda").glob("*.cu"))
+    # Host logic (cuda_engine.cpp), its binding to libcudart and torch
+    # (cuda_api_real.cpp), and the kernel (copy_kernel.cu, nvcc).
+    sources = [CSRC / "cuda" / "cuda_engine.cpp", CSRC / "cuda" / "cuda_api_real.cpp",
+               CSRC / "cuda" / "copy_kernel.cu"]
     return CUDAExtension(
         "torch_kvswap._C_cuda",
         _rel(sources),
         extra_compile_args={"cxx": STRICT_CXX, "nvcc": ["-O3", "-Xcompiler", "-fvisibility=hidden"]},
+    )
+
+
+def fake_cuda_extension():
+    """The CUDA engine's host logic against the fake runtime (tests only)."""
+    if not _flag("KVSWAP_BUILD_FAKES"):
+        return None
+    include = _cuda_include_dir()
+    if include is None:
+        print("warning: KVSWAP_BUILD_FAKES=1 but no CUDA runtime headers were found; "
+              "torch_kvswap._fake_cuda is not built and its tests skip", file=sys.stderr)
+        return None
+    fakes = ROOT / "tests" / "fake_cuda"
+    sources = [fakes / "engine_under_test.cpp", fakes / "fake_cuda_runtime.cpp",
+               fakes / "fake_cuda_module.cpp"]
+    coverage = ["--coverage"] if _flag("KVSWAP_FAKE_COVERAGE") else []
+    return CppExtension(
+        "torch_kvswap._fake_cuda",
+        _rel(sources),
+        include_dirs=[include],
+        extra_compile_args={"cxx": [f for f in STRICT_CXX if f != "-O3"] + ["-O2"] + coverage},
+        extra_link_args=coverage,
     )
 
 
@@ -141,7 +181,7 @@ def npu_extension():
 
 def extensions():
     exts = [core_extension()]
-    for make in (cuda_extension, npu_extension):
+    for make in (cuda_extension, npu_extension, fake_cuda_extension):
         ext = make()
         if ext is not None:
             exts.append(ext)

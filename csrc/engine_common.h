@@ -42,13 +42,14 @@ inline DescriptorArrays descriptor_arrays(const CopyBatch& b) {
           reinterpret_cast<size_t*>(const_cast<int64_t*>(b.size))};
 }
 
-// Attributes of a batch call, one attrs entry and one index per descriptor
-// (attrs[i] applies from indexes[i]). The batch APIs need less: attrs[k]
-// applies from indexes[k] up to the next index, so a single entry with index
-// 0 covers every descriptor (CANN: acl/acl_rt.h, aclrtMemcpyBatchAsync
-// "attrsIndexes", and CANN's own wrapper in acl/acl_rt_api.h passes exactly
-// that; the Ascend engine does too). Used by the CUDA engine, which owns
-// these arrays in its in-flight record.
+// Per-descriptor attributes of a batch call: one attrs entry and one index
+// per descriptor (attrs[i] applies from indexes[i]). Valid, but not needed:
+// an entry applies from its index up to the next entry's index, the last one
+// through the end of the batch (CUDA: cuda_runtime_api.h:6422-6424, CUDA 13.0;
+// CANN: acl/acl_rt.h, aclrtMemcpyBatchAsync "attrsIndexes"), so one entry
+// with index 0 covers a whole batch, which is what both engines pass.
+// Owned by the CUDA engine's in-flight record until the device has consumed
+// the batch.
 template <class Attr>
 struct BatchAttrs {
   std::vector<Attr> attrs;

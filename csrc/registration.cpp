@@ -60,6 +60,11 @@ TORCH_LIBRARY(kvswap, m) {
   // capture, and up to 8.0 corrupts it silently. Not for direct use.
   m.def("_host_pinned(Tensor buffer, Device device) -> bool");
 
+  // Whether `device` can address every host (CPU) tensor of `tensors` in
+  // place: page-locked and mapped. Served by engines with a kernel path
+  // (CUDA); the core asks before it picks a path. Not for direct use.
+  m.def("_host_mapped(Tensor[] tensors, Device device) -> bool");
+
   // Kernel path of swap_blocks, on engines that have one (CUDA): copies with
   // a kernel that reads the block ids from device memory when it runs, so a
   // captured graph copies the ids current at replay. The core validates the

@@ -2,10 +2,10 @@
 # Compile-checks the accelerator engines that cannot run here, against their
 # real headers: csrc/ascend/ against torch-npu 2.13.0's shipped ACL headers
 # (one configuration: optional ACL functions are found at run time), the core,
-# host engine and Ascend engine for aarch64 (cross compiler), and csrc/cuda/
-# with nvcc against the CUDA runtime and the torch headers. Also runs the
-# Ascend engine on the fake ACL runtime with the batch API and the capture
-# query missing from the start.
+# host engine and Ascend engine for aarch64 (cross compiler), and csrc/cuda/:
+# the host logic with the host compiler against the CUDA runtime and torch
+# headers, the kernel with nvcc. Also runs the Ascend engine on the fake ACL
+# runtime with the batch API and the capture query missing from the start.
 # Warnings in our code are errors. Exits non-zero on the first failure.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 CACHE="$ROOT/.ci-cache"
@@ -66,15 +66,30 @@ else
 fi
 
 # --- CUDA ---------------------------------------------------------------------
+# The engine is split (docs/cuda.md): host logic and its libcudart binding are
+# host-compiler C++ against the CUDA runtime headers and torch; only the
+# kernel goes through nvcc. Each half is checked with the compiler that
+# builds it in `_C_cuda`.
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 if [ ! -x "$NVCC" ]; then
   echo "[engines] nvcc not found; the CUDA engine cannot be checked" >&2
   exit 1
 fi
+# The toolkit's headers (nvcc may be a wrapper script elsewhere): CUDA_HOME,
+# else torch's guess, else /usr/local/cuda.
+CUDA_INC=""
+for home in "${CUDA_HOME:-}" "$("$PY" -c 'from torch.utils.cpp_extension import CUDA_HOME; print(CUDA_HOME or "")')" /usr/local/cuda; do
+  if [ -n "$home" ] && [ -f "$home/include/cuda_runtime_api.h" ]; then CUDA_INC="$home/include"; break; fi
+done
+[ -n "$CUDA_INC" ] || { echo "[engines] CUDA runtime headers not found" >&2; exit 1; }
+for src in csrc/cuda/cuda_engine.cpp csrc/cuda/cuda_api_real.cpp; do
+  echo "[engines] $CXX $src (CUDA runtime headers)"
+  "$CXX" -std=c++20 -O2 -fPIC -c "$src" -o /dev/null "${WARN[@]}" "${SYS_INCS[@]}" \
+    -isystem "$CUDA_INC" -DTORCH_EXTENSION_NAME=_C_cuda
+done
 for src in csrc/cuda/*.cu; do
   echo "[engines] nvcc $src"
   "$NVCC" -std=c++20 -O2 -c "$src" -o /dev/null -arch=sm_90 \
-    -Xcompiler -fPIC -Xcompiler "$(IFS=,; echo "${WARN[*]}")" -Werror all-warnings \
-    "${SYS_INCS[@]}" -DTORCH_EXTENSION_NAME=_C_cuda
+    -Xcompiler -fPIC -Xcompiler "$(IFS=,; echo "${WARN[*]}")" -Werror all-warnings
 done
 echo "[engines] all engine sources compile"

@@ -24,6 +24,8 @@ if ! "$PY" -m pip show --quiet torch_kvswap >/dev/null 2>&1; then
   echo "[env] installing torch_kvswap (editable)"
   "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
 fi
+# The tests' fake-runtime extensions (torch_kvswap._fake_cuda, ...).
+export KVSWAP_BUILD_FAKES="${KVSWAP_BUILD_FAKES:-1}"
 echo "[env] building torch_kvswap"
 "$PY" setup.py --quiet build_ext --inplace
 export PATH="$VENV/bin:$PATH"

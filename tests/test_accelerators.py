@@ -233,3 +233,33 @@ def test_npu_batches_over_4096_descriptors_land():
     torch_kvswap.swap_blocks([src], [dst], ids, ids)
     synced(device)
     assert torch.equal(dst.cpu()[ids], src[ids])
+
+
+@pytest.mark.parametrize("method", ["auto", "dma", "kernel"])
+@pytest.mark.parametrize("id_place", ["host", "device"])
+@pytest.mark.parametrize("block_bytes", [2048, 65536])
+def test_cuda_capture_on_every_path(method, id_place, block_bytes):
+    """Host ids: a replay copies the blocks of capture time; device ids: the blocks named at replay.
+    `dma` with device ids is refused under capture (it would read them back)."""
+    device = accelerator_or_skip("cuda")
+    with using_copy_method(method):
+        dev = caches(block_bytes, torch.uint8, 8, device, pairs=2, seed=15)
+        host = caches(block_bytes, torch.uint8, 8, "host", pairs=2, seed=16)
+        where = device if id_place == "device" else "cpu"
+        sid, did = torch.tensor([2, 3], device=where), torch.tensor([0, 1], device=where)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        if method == "dma" and id_place == "device":
+            with pytest.raises(ValueError, match="illegal while the stream"):
+                with torch.cuda.graph(graph):
+                    torch_kvswap.swap_blocks(dev, host, sid, did)
+            return
+        with torch.cuda.graph(graph):
+            torch_kvswap.swap_blocks(dev, host, sid, did)
+        sid.copy_(torch.tensor([6, 7]))
+        did.copy_(torch.tensor([4, 5]))
+        graph.replay()
+        torch.cuda.synchronize()
+        want_s, want_d = ([2, 3], [0, 1]) if id_place == "host" else ([6, 7], [4, 5])
+        for d, h in zip(dev, host):
+            assert torch.equal(h[want_d], d.cpu()[want_s])

@@ -92,6 +92,12 @@ def _host_pinned_fake(buffer, device):
     # Only the core asks, in eager mode, before an Ascend copy; never traced.
     return True
 
+@torch.library.register_fake("kvswap::_host_mapped")
+def _host_mapped_fake(tensors, device):
+    # Asked by the core inside swap_blocks, never traced; the fake cannot
+    # know what memory a real tensor will occupy.
+    return False
+
 
 def _plan_fake():
     # The number of descriptors after merging depends on the ids' values.

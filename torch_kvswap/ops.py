@@ -98,7 +98,10 @@ def swap_blocks(
         src_block_ids, dst_block_ids: 1-D int64 tensors of equal length; every
             id must be in range for every tensor it indexes, and no destination
             block may appear twice. CPU tensors are preferred: ids on an
-            accelerator are read back to the host (a synchronizing copy).
+            accelerator are read back to the host (a synchronizing copy),
+            except on the CUDA kernel path, which reads them on the device
+            when it runs (and which ``"auto"`` takes for them during graph
+            capture).
 
     Devices: all sources on one device, all destinations on one device. Host
     to host runs on the host engine (synchronous). Host↔accelerator and

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 
 #include "core.h"
 
@@ -76,7 +77,9 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
 }
 
 // Checks the id values and builds the descriptors. Ids are read on the host;
-// ids on an accelerator are brought over (a synchronizing copy).
+// ids on an accelerator are brought over (a synchronizing copy). swap_blocks
+// never comes here with device ids during capture (choose_path); the dry run
+// `_plan_swap_blocks` can, and is refused.
 Descriptors describe_block_copy(const BlockCopyRoute& route, const at::Tensor& src_block_ids,
                                 const at::Tensor& dst_block_ids) {
   TORCH_CHECK_VALUE((src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) ||
@@ -149,54 +152,113 @@ kernel_path_op() {
   return op;
 }
 
-// The kernel reaches host memory through its device mapping, which only
-// page-locked memory has.
-bool host_side_pinned(at::TensorList caches) {
-  for (const auto& t : caches) {
-    if (t.device().is_cpu() && t.numel() > 0 && !t.is_pinned()) return false;
+// Whether the accelerator can address the host-side caches in place
+// (page-locked and mapped), as the engine answers through
+// `kvswap::_host_mapped`; nullopt where the engine does not answer. The
+// kernel reaches host memory only through such a mapping, and a capture may
+// record a DMA copy only of page-locked memory.
+std::optional<bool> host_side_mapped(at::TensorList src_caches, at::TensorList dst_caches,
+                                     c10::Device device) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvswap::_host_mapped", "")
+                             .typed<bool(at::TensorList, c10::Device)>();
+  const auto key = engine_key(device.type());
+  if (!op.hasKernelForDispatchKey(key)) return std::nullopt;
+  std::vector<at::Tensor> host;
+  for (const auto list : {src_caches, dst_caches}) {
+    for (const auto& t : list) {
+      if (t.device().is_cpu() && t.numel() > 0) host.push_back(t);
+    }
   }
-  return true;
+  if (host.empty()) return true;
+  return op.redispatch(c10::DispatchKeySet(key), host, device);
 }
 
-bool use_kernel_path(const std::vector<PairLayout>& pairs, c10::Device device,
-                     at::TensorList src_caches, at::TensorList dst_caches) {
+enum class Path { kDescriptors, kKernel };
+
+// Which path serves a block copy on an accelerator. No path may synchronize,
+// copy pageable memory or allocate pinned memory while the current stream is
+// captured, so under capture:
+//   ids on the host    descriptors (captured memcpy nodes) or the kernel with
+//                      the ids in its parameters: both repeat the copies of
+//                      capture time on replay;
+//   ids on the device  only the kernel, which reads them at replay; the
+//                      descriptor path would have to read them back (a sync).
+// Outside capture `auto` picks by block size: the kernel below
+// kKernelPathMaxBlockBytes (host ids go into its parameters, so the call
+// never waits for the device), descriptors above; device ids with large
+// blocks are read back (a synchronizing copy) for the descriptor path.
+Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::TensorList dst_caches,
+                 const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+  const auto device = route.device;
   const auto method = static_cast<CopyMethod>(g_copy_method.load());
-  if (method == CopyMethod::kDma) return false;
-  const bool available = kernel_path_op().hasKernelForDispatchKey(engine_key(device.type()));
+  const bool host_ids = src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu();
+  const bool capturing = stream_capturing(device);
+  std::optional<std::optional<bool>> mapped_answer;
+  auto mapped = [&]() -> std::optional<bool> {
+    if (!mapped_answer) mapped_answer = host_side_mapped(src_caches, dst_caches, device);
+    return *mapped_answer;
+  };
+  // A capture may record descriptors only of page-locked host memory.
+  auto check_capturable_descriptors = [&] {
+    TORCH_CHECK_VALUE(!capturing || mapped().value_or(true), "swap_blocks: the current stream of ",
+                      device, " is being captured, and a host-side cache is pageable memory, which "
+                      "no copy may touch during capture; pin the host caches (pin_memory=True, or "
+                      "KVCacheOffloader's mirrors)");
+  };
+  const bool kernel_available = kernel_path_op().hasKernelForDispatchKey(engine_key(device.type()));
   if (method == CopyMethod::kKernel) {
-    TORCH_CHECK_NOT_IMPLEMENTED(available, "copy method 'kernel' was requested but the engine for ",
+    TORCH_CHECK_NOT_IMPLEMENTED(kernel_available, "copy method 'kernel' was requested but the engine for ",
                                 device, " has no kernel path; use 'auto' or 'dma'");
-    return true;
+    TORCH_CHECK_VALUE(mapped().value_or(false), "copy method 'kernel': a host-side cache is host memory ",
+                      device, " cannot address; the kernel path needs pinned host memory "
+                      "(pin_memory=True, or registered); use set_copy_method('dma') otherwise");
+    return Path::kKernel;
+  }
+  if (method == CopyMethod::kDma) {
+    TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: copy method 'dma' reads block ids on the "
+                      "host, and the ids on ", host_ids ? device : (src_block_ids.device().is_cpu()
+                      ? dst_block_ids.device() : src_block_ids.device()), " would have to be read back, "
+                      "which synchronizes and is illegal while the stream of ", device, " is captured; "
+                      "pass CPU ids, or use copy method 'auto' (device ids then take the kernel path)");
+    check_capturable_descriptors();
+    return Path::kDescriptors;
   }
   int64_t largest = 0;
-  for (const auto& p : pairs) largest = std::max(largest, p.block_bytes);
-  return available && largest < kKernelPathMaxBlockBytes && host_side_pinned(src_caches) &&
-         host_side_pinned(dst_caches);
+  for (const auto& p : route.pairs) largest = std::max(largest, p.block_bytes);
+  const bool small = largest < kKernelPathMaxBlockBytes;
+  if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {
+    return Path::kKernel;
+  }
+  TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: block ids on the device while the stream of ",
+                    device, " is captured need the kernel path, which ", kernel_available ?
+                    "needs every host-side cache in pinned memory" : "this engine does not have",
+                    "; pin the host caches or pass the block ids on the host");
+  check_capturable_descriptors();
+  return Path::kDescriptors;
 }
 
 void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
                            const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids,
                            const std::vector<PairLayout>& pairs, c10::Device device) {
-  // Ids on the host are checked here and moved over; ids already on the
-  // device are not read back (that would synchronize and bake them into a
-  // captured graph): the kernel skips any id out of range instead.
-  auto on_device = [&](const at::Tensor& ids) {
-    return ids.device() == device ? ids.contiguous() : ids.to(device, /*non_blocking=*/false).contiguous();
-  };
-  if (src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) {
-    const auto sid = src_block_ids.contiguous();
-    const auto did = dst_block_ids.contiguous();
+  // Ids on the host are checked here and handed over as they are: the
+  // engine copies them into the kernel's parameters (no transfer, no sync).
+  // Ids on the device are not read back (that would synchronize and bake
+  // them into a captured graph): the kernel skips any id out of range.
+  const auto sid = src_block_ids.contiguous();
+  const auto did = dst_block_ids.contiguous();
+  if (sid.device().is_cpu() && did.device().is_cpu()) {
     check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
   }
   kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches,
-                              on_device(src_block_ids), on_device(dst_block_ids));
+                              sid, did);
 }
 
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
                  const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
   const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
   if (!route.device.is_cpu() &&
-      use_kernel_path(route.pairs, route.device, src_caches, dst_caches)) {
+      choose_path(route, src_caches, dst_caches, src_block_ids, dst_block_ids) == Path::kKernel) {
     swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs,
                           route.device);
     return;

@@ -1,0 +1,498 @@
+// The CUDA engine's host logic: serves `kvswap::_submit`,
+// `_swap_blocks_kernel`, `_host_register`, `_stream_capturing` and
+// `_host_mapped` under the CUDA key, on torch's current stream of the target
+// device with that device current. Every runtime call goes through the table
+// of cuda_engine.h, so this file is compiled, unchanged, into `_C_cuda`
+// (bound to libcudart) and into the tests' `_fake_cuda` (bound to a fake
+// runtime on host memory); see docs/cuda.md.
+//
+// Paths:
+//   batch     cudaMemcpyBatchAsync, one call per batch, for every direction,
+//             outside graph capture, on a stream other than the legacy one;
+//             resolved at run time: the runtime and the driver must both be
+//             12.8 or newer, and an answer "not supported" / "insufficient
+//             driver" / "requires newer driver" turns it off for that device
+//             (logged once) and the batch goes per descriptor;
+//   fallback  one cudaMemcpyAsync per descriptor: the legacy default stream
+//             (the batch API rejects it), a capturing stream (the batch API
+//             cannot be captured: it returns cudaErrorStreamCaptureUnsupported),
+//             or no batch API;
+//   kernel    copy_blocks_kernel (copy_kernel.h/.cu): block ids in device
+//             memory are read when the kernel runs; block ids on the host are
+//             copied into the kernel's parameters, so neither needs a
+//             synchronizing or pageable copy, an allocation or a staging buffer.
+//
+// What a replayed graph copies (docs/ops.md): fallback memcpy nodes and
+// kernels with inline ids repeat the copies of capture time; kernels with
+// device ids copy the blocks the id tensors name at replay.
+//
+// Descriptor lifetime: the batch path reads the core's descriptor table in
+// place; the header does not say when the runtime reads the arrays, so the
+// table tensors and the attrs entry are held by `in_flight()` until an event
+// recorded after the submission has completed.
+#include "cuda_engine.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../engine_common.h"
+#include "../kvswap.h"
+
+namespace kvswap {
+namespace cuda {
+
+namespace {
+
+const CudaApi* g_api = nullptr;
+
+const CudaApi& api() {
+  TORCH_CHECK(g_api != nullptr, "kvswap CUDA engine: no CUDA runtime is bound");
+  return *g_api;
+}
+
+// A failed call leaves its error as the runtime's last error (per host
+// thread) until cudaGetLastError reads it (cuda_runtime_api.h:1119-1121, cudaGetLastError: it
+// "Returns the last error that has been produced by any of the runtime calls
+// in the same instance of the CUDA Runtime library in the host thread and
+// resets it to cudaSuccess"). torch checks that last error after its own
+// kernel launches, so every failure this engine sees is cleared here, whether
+// it is then handled or reported.
+void clear_last_error() { (void)api().get_last_error(); }
+
+std::string describe_error(cudaError_t err) {
+  return std::string(api().get_error_name(err)) + " (" + api().get_error_string(err) + ")";
+}
+
+// Checks a runtime call's answer; `what` names the call in the message.
+#define KVSWAP_CUDA_CHECK_NAMED(answer, what, ...)                                           \
+  do {                                                                                       \
+    const cudaError_t kvswap_err_ = (answer);                                                \
+    if (kvswap_err_ != cudaSuccess) {                                                        \
+      clear_last_error();                                                                    \
+      TORCH_CHECK(false, "kvswap CUDA engine: ", what, " failed: ", describe_error(kvswap_err_), \
+                  ". ", ##__VA_ARGS__);                                                      \
+    }                                                                                        \
+  } while (0)
+#define KVSWAP_CUDA_CHECK(call, ...) KVSWAP_CUDA_CHECK_NAMED(call, #call, ##__VA_ARGS__)
+
+constexpr int kMaxDevices = 64;
+
+int checked_index(c10::Device device) {
+  TORCH_CHECK(device.is_cuda(), "kvswap CUDA engine asked to work on ", device);
+  const int index = device.has_index() ? device.index() : 0;
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "kvswap CUDA engine: device index ", index,
+              " out of range");
+  return index;
+}
+
+// Makes `device` current for the scope, as c10::DeviceGuard does, through the
+// table (torch's CUDA guard in `_C_cuda`).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) : previous_(api().exchange_device(device)), device_(device) {}
+  ~DeviceScope() {
+    if (previous_ != device_) api().exchange_device(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_;
+  int device_;
+};
+
+bool is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  KVSWAP_CUDA_CHECK(api().stream_is_capturing(stream, &status));
+  // Active or invalidated: either way the stream is inside a capture.
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// The legacy default stream: the batch API's stream "Must not be legacy NULL
+// stream" (cuda_runtime_api.h:6426).
+bool is_legacy(cudaStream_t stream) { return stream == nullptr || stream == cudaStreamLegacy; }
+
+// --- in-flight descriptor arrays ----------------------------------------------
+
+struct TableRuntime {
+  using Event = cudaEvent_t;
+  using Stream = cudaStream_t;
+  static Event create_event() {
+    cudaEvent_t event = nullptr;
+    KVSWAP_CUDA_CHECK(api().event_create_with_flags(&event, cudaEventDisableTiming));
+    return event;
+  }
+  static void record(Event event, Stream stream) { KVSWAP_CUDA_CHECK(api().event_record(event, stream)); }
+  // cudaEventQuery is one of the "potentially unsafe API calls" that a
+  // thread may not make while any other thread captures in global mode; it
+  // would fail and invalidate that capture (cuda_runtime_api.h:2536-2544,
+  // cudaThreadExchangeStreamCaptureMode). The query is only about this
+  // engine's own events, recorded outside any capture, so this thread
+  // relaxes its mode around it, as the header's push-pop example shows.
+  static bool completed(Event event) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    KVSWAP_CUDA_CHECK(api().thread_exchange_stream_capture_mode(&mode));
+    const cudaError_t err = api().event_query(event);
+    cudaStreamCaptureMode restore = mode;
+    const cudaError_t restored = api().thread_exchange_stream_capture_mode(&restore);
+    if (err == cudaErrorNotReady) {
+      clear_last_error();  // not an error, but the runtime records it as one
+    } else {
+      KVSWAP_CUDA_CHECK_NAMED(err, "cudaEventQuery (a batch's completion)");
+    }
+    KVSWAP_CUDA_CHECK_NAMED(restored, "cudaThreadExchangeStreamCaptureMode (restoring the mode)");
+    return err == cudaSuccess;
+  }
+};
+
+InFlightArrays<TableRuntime>& in_flight(int device) {
+  static std::array<InFlightArrays<TableRuntime>, kMaxDevices> per_device;
+  return per_device[static_cast<size_t>(device)];
+}
+
+// --- batch API resolution -------------------------------------------------------
+
+constexpr int kBatchMinVersion = 12080;  // cudaMemcpyBatchAsync is new in CUDA 12.8
+
+struct BatchState {
+  std::once_flag resolved;
+  bool usable = false;  // runtime and driver both recent enough, entry present
+  std::array<std::atomic<bool>, kMaxDevices> off{};
+};
+
+std::unique_ptr<BatchState>& batch_state_slot() {
+  static std::unique_ptr<BatchState> state = std::make_unique<BatchState>();
+  return state;
+}
+
+BatchState& batch_state() { return *batch_state_slot(); }
+
+// Whether the runtime offers the batch API at all, decided on first use. A
+// 12.8+ runtime under an older driver has the entry point but cannot serve
+// it, so both versions are asked.
+bool batch_resolved() {
+  BatchState& state = batch_state();
+  std::call_once(state.resolved, [&state] {
+    const CudaApi& a = api();
+    if (a.memcpy_batch_async == nullptr) return;  // the build's toolkit lacks it
+    int runtime = 0;
+    int driver = 0;
+    const cudaError_t r = a.runtime_get_version(&runtime);
+    const cudaError_t d = a.driver_get_version(&driver);
+    if (r != cudaSuccess || d != cudaSuccess) clear_last_error();
+    state.usable = r == cudaSuccess && d == cudaSuccess && runtime >= kBatchMinVersion &&
+                   driver >= kBatchMinVersion;
+    if (!state.usable) {
+      TORCH_WARN("kvswap CUDA engine: cudaMemcpyBatchAsync needs CUDA 12.8 in both the runtime (",
+                 runtime, ") and the driver (", driver, "); copying one descriptor at a time");
+    }
+  });
+  return state.usable;
+}
+
+bool batch_enabled(int device) {
+  return batch_resolved() && !batch_state().off[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+}
+
+// Answers that mean "this runtime or driver cannot serve the batch API", as
+// opposed to a bad copy: they turn the batch path off for the device.
+bool means_unsupported(cudaError_t err) {
+  return err == cudaErrorNotSupported || err == cudaErrorInsufficientDriver ||
+         err == cudaErrorCallRequiresNewerDriver;
+}
+
+void turn_batch_off(int device, cudaError_t err) {
+  if (!batch_state().off[static_cast<size_t>(device)].exchange(true)) {
+    TORCH_WARN("kvswap CUDA engine: cudaMemcpyBatchAsync on cuda:", device, " answered ",
+               describe_error(err), "; copying one descriptor at a time on that device from now on");
+  }
+}
+
+// --- DMA paths --------------------------------------------------------------------
+
+cudaMemcpyKind memcpy_kind(Direction direction) {
+  switch (direction) {
+    case Direction::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case Direction::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case Direction::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+  }
+  TORCH_CHECK(false, "unreachable direction");
+}
+
+void copy_each(const CopyBatch& b, cudaStream_t stream) {
+  const CudaApi& a = api();
+  const cudaMemcpyKind kind = memcpy_kind(b.direction);
+  for (int64_t i = 0; i < b.count; ++i) {
+    KVSWAP_CUDA_CHECK(a.memcpy_async(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]),
+                                     kind, stream),
+                      describe_descriptor(b, i));
+  }
+}
+
+// The batch call's attributes: one entry, index 0, for every descriptor. The
+// API applies attrs[k] "to copies starting from attrsIdxs[k] through
+// attrsIdxs[k+1] - 1" and the last entry through count - 1
+// (cuda_runtime_api.h:6422-6424). Built per call: the API takes both arrays
+// through non-const pointers.
+struct BatchAttr {
+  cudaMemcpyAttributes attr{};
+  size_t index = 0;
+};
+
+// Returns false when the batch API turned out to be unsupported on `device`
+// (nothing was queued; the caller copies per descriptor).
+bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vector<at::Tensor> keep_alive) {
+  auto args = std::make_shared<BatchAttr>();
+  // STREAM: the source is read in stream order. ANY would let the copy read
+  // the source before earlier work on the stream (the compute that produced
+  // a stored block) has finished.
+  args->attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  args->attr.flags = cudaMemcpyFlagDefault;
+  cudaMemLocation host{};
+  host.type = cudaMemLocationTypeHost;
+  cudaMemLocation dev{};
+  dev.type = cudaMemLocationTypeDevice;
+  dev.id = device;
+  args->attr.srcLocHint = b.direction == Direction::kHostToDevice ? host : dev;
+  args->attr.dstLocHint = b.direction == Direction::kDeviceToHost ? host : dev;
+
+  const DescriptorArrays arrays = descriptor_arrays(b);
+  const cudaError_t err =
+      api().memcpy_batch_async(arrays.dsts, const_cast<const void* const*>(arrays.srcs), arrays.sizes,
+                               static_cast<size_t>(b.count), &args->attr, &args->index, 1, stream);
+  if (err != cudaSuccess) {
+    clear_last_error();
+    if (means_unsupported(err)) {
+      turn_batch_off(device, err);
+      return false;
+    }
+    TORCH_CHECK(false, "kvswap CUDA engine: cudaMemcpyBatchAsync failed: ", describe_error(err), ". ",
+                b.count, " descriptors (", direction_name(static_cast<int64_t>(b.direction)), ")");
+  }
+  in_flight(device).hold(stream, std::move(keep_alive), std::move(args));
+  return true;
+}
+
+}  // namespace
+
+void submit_cuda(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                 int64_t direction, int64_t total_bytes, c10::Device device) {
+  const int index = checked_index(device);
+  const CopyBatch batch = batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes);
+  DeviceScope scope(index);
+  const cudaStream_t stream = api().current_stream(index);
+  if (!is_legacy(stream) && batch_enabled(index) && !is_capturing(stream) &&
+      copy_batched(batch, stream, index, {src_ptrs, dst_ptrs, sizes})) {
+    return;
+  }
+  copy_each(batch, stream);
+}
+
+// --- kernel path ----------------------------------------------------------------
+
+namespace {
+
+// How a launch's parameter blob is shared between pairs and inline ids.
+struct LaunchShape {
+  int64_t pairs_per_launch;
+  int64_t ids_per_launch;
+};
+
+LaunchShape launch_shape(int64_t pairs, int64_t n, int inline_sides) {
+  constexpr int64_t kPair = static_cast<int64_t>(sizeof(KernelPair));
+  constexpr int64_t kBlob = kParamBlobBytes;
+  if (inline_sides == 0) return {std::min(pairs, kBlob / kPair), n};
+  const int64_t per_id = 4 * inline_sides;  // int32 per inline side
+  // Up to 16 pairs keep room for 384 ids per launch; fewer ids leave the
+  // rest of the blob to pairs.
+  const int64_t ids = std::min(n, (kBlob - std::min<int64_t>(pairs, 16) * kPair) / per_id);
+  return {std::min(pairs, (kBlob - ids * per_id) / kPair), ids};
+}
+
+// Grid x: enough thread blocks for every work item, capped; the kernel
+// strides over the rest.
+unsigned grid_x_for(int64_t items) {
+  return static_cast<unsigned>(std::min<int64_t>(items, int64_t{1} << 20));
+}
+
+}  // namespace
+
+void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_caches,
+                             const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+  // The device: the accelerator side of the copy (the core checked that
+  // every accelerator tensor is on one device).
+  std::optional<c10::Device> found;
+  for (const auto list : {src_caches, dst_caches}) {
+    for (const auto& t : list) {
+      if (!found && t.device().is_cuda()) found = t.device();
+    }
+  }
+  TORCH_CHECK_VALUE(found.has_value(), "kernel path: no cache tensor is on a CUDA device");
+  const c10::Device device = *found;
+  const int index = checked_index(device);
+  for (const auto* ids : {&src_block_ids, &dst_block_ids}) {
+    TORCH_CHECK_VALUE(ids->scalar_type() == at::kLong && ids->dim() == 1 && ids->is_contiguous(),
+                      "kernel path: block ids must be contiguous 1-D int64 tensors");
+    TORCH_CHECK_VALUE(ids->device().is_cpu() || ids->device() == device, "kernel path: block ids on ",
+                      ids->device(), " cannot index caches on ", device, "; pass them on the host or on ",
+                      device);
+  }
+  const int64_t n = src_block_ids.numel();
+  TORCH_CHECK_VALUE(dst_block_ids.numel() == n, "kernel path: id tensors differ in length");
+  const bool src_inline = src_block_ids.device().is_cpu();
+  const bool dst_inline = dst_block_ids.device().is_cpu();
+
+  std::vector<KernelPair> pairs;
+  pairs.reserve(src_caches.size());
+  int64_t slices = 1;
+  for (size_t i = 0; i < src_caches.size(); ++i) {
+    const auto& s = src_caches[i];
+    const auto& d = dst_caches[i];
+    const int64_t es = static_cast<int64_t>(s.element_size());
+    const int64_t bb = s.dim() > 0 && s.size(0) > 0 ? s.numel() / s.size(0) * es : 0;
+    if (bb == 0 || d.size(0) == 0) continue;
+    // Inline ids are int32; the core range-checked host ids, so they fit
+    // whenever the caches they index do.
+    TORCH_CHECK_VALUE((!src_inline || s.size(0) <= std::numeric_limits<int32_t>::max()) &&
+                          (!dst_inline || d.size(0) <= std::numeric_limits<int32_t>::max()),
+                      "kernel path: caches of 2^31 blocks or more need their block ids on the device");
+    pairs.push_back(KernelPair{static_cast<const char*>(s.const_data_ptr()), static_cast<char*>(d.data_ptr()),
+                               s.stride(0) * es, d.stride(0) * es, bb, s.size(0), d.size(0)});
+    slices = std::max(slices, (bb + kSliceBytes - 1) / kSliceBytes);
+  }
+  if (n == 0 || pairs.empty()) return;
+
+  const int64_t* sid_host = src_inline ? src_block_ids.const_data_ptr<int64_t>() : nullptr;
+  const int64_t* did_host = dst_inline ? dst_block_ids.const_data_ptr<int64_t>() : nullptr;
+  const int64_t* sid_dev = src_inline ? nullptr : src_block_ids.const_data_ptr<int64_t>();
+  const int64_t* did_dev = dst_inline ? nullptr : dst_block_ids.const_data_ptr<int64_t>();
+  const LaunchShape shape =
+      launch_shape(static_cast<int64_t>(pairs.size()), n, int(src_inline) + int(dst_inline));
+
+  DeviceScope scope(index);
+  const cudaStream_t stream = api().current_stream(index);
+  CopyParams params;
+  for (int64_t first_id = 0; first_id < n; first_id += shape.ids_per_launch) {
+    const int64_t count = std::min(shape.ids_per_launch, n - first_id);
+    for (int64_t first_pair = 0; first_pair < static_cast<int64_t>(pairs.size());
+         first_pair += shape.pairs_per_launch) {
+      const int64_t np = std::min(shape.pairs_per_launch, static_cast<int64_t>(pairs.size()) - first_pair);
+      params.src_ids = sid_dev != nullptr ? sid_dev + first_id : nullptr;
+      params.dst_ids = did_dev != nullptr ? did_dev + first_id : nullptr;
+      params.n = count;
+      params.slices = slices;
+      params.num_pairs = static_cast<int32_t>(np);
+      params.reserved = 0;
+      std::copy_n(pairs.begin() + first_pair, np, reinterpret_cast<KernelPair*>(params.blob));
+      auto* ids = reinterpret_cast<int32_t*>(params.blob + np * static_cast<int64_t>(sizeof(KernelPair)));
+      if (sid_host != nullptr) {
+        for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(sid_host[first_id + j]);
+      }
+      if (did_host != nullptr) {
+        for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(did_host[first_id + j]);
+      }
+      KVSWAP_CUDA_CHECK(api().launch_copy(&params, grid_x_for(count * slices), static_cast<unsigned>(np), stream),
+                        "launching the block copy kernel for ids ", first_id, "..", first_id + count - 1,
+                        " of pairs ", first_pair, "..", first_pair + np - 1);
+    }
+  }
+}
+
+// --- queries the core asks --------------------------------------------------------
+
+bool stream_capturing_cuda(c10::Device device) {
+  const int index = checked_index(device);
+  DeviceScope scope(index);
+  return is_capturing(api().current_stream(index));
+}
+
+// Whether the kernel can address every host tensor of `tensors`: page-locked
+// and mapped, at the same address on the device (unified addressing). One
+// cudaPointerGetAttributes per distinct storage, with `device` current:
+// devicePointer is "the device pointer alias through which the memory ...
+// may be accessed on the current device" (cuda_runtime_api.h:8419-8421).
+// The core asks this while the stream may be capturing. The header does not
+// list which calls are "potentially unsafe" during capture (cuda_runtime_api.h:
+// 2524-2525 names cudaMalloc as an example); this one touches no stream, so it
+// runs with the thread's capture mode relaxed, which is always legal.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() { KVSWAP_CUDA_CHECK(api().thread_exchange_stream_capture_mode(&mode_)); }
+  ~RelaxedCaptureMode() {
+    if (api().thread_exchange_stream_capture_mode(&mode_) != cudaSuccess) clear_last_error();
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+bool host_mapped_cuda(at::TensorList tensors, c10::Device device) {
+  const int index = checked_index(device);
+  DeviceScope scope(index);
+  std::optional<RelaxedCaptureMode> relaxed;
+  std::vector<const void*> seen;
+  for (const auto& t : tensors) {
+    if (!t.device().is_cpu() || t.numel() == 0) continue;
+    const void* base = t.has_storage() ? t.storage().data() : t.const_data_ptr();
+    if (std::find(seen.begin(), seen.end(), base) != seen.end()) continue;
+    seen.push_back(base);
+    if (!relaxed) relaxed.emplace();
+    cudaPointerAttributes attrs{};
+    const cudaError_t err = api().pointer_get_attributes(&attrs, base);
+    if (err != cudaSuccess) {
+      clear_last_error();
+      return false;
+    }
+    if (attrs.type != cudaMemoryTypeHost || attrs.devicePointer != base) return false;
+  }
+  return true;
+}
+
+void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin) {
+  DeviceScope scope(checked_index(device));
+  void* ptr = buffer.data_ptr();
+  if (pin) {
+    // Mapped, so the kernel path can address it; portable, for every device.
+    KVSWAP_CUDA_CHECK(api().host_register(ptr, buffer.nbytes(), cudaHostRegisterMapped | cudaHostRegisterPortable),
+                      "pinning ", buffer.nbytes(), " host bytes");
+  } else {
+    KVSWAP_CUDA_CHECK(api().host_unregister(ptr));
+  }
+}
+
+void set_cuda_api(const CudaApi* table) {
+  g_api = table;
+  batch_state_slot() = std::make_unique<BatchState>();
+}
+
+size_t batches_in_flight(int device) { return in_flight(device).held(); }
+
+bool batch_api_enabled(int device) { return batch_enabled(device); }
+
+void register_cuda_engine(torch::Library& m) {
+  m.impl("_submit", &submit_cuda);
+  m.impl("_swap_blocks_kernel", &swap_blocks_kernel_cuda);
+  m.impl("_host_register", &host_register_cuda);
+  m.impl("_stream_capturing", &stream_capturing_cuda);
+  m.impl("_host_mapped", &host_mapped_cuda);
+}
+
+}  // namespace cuda
+}  // namespace kvswap

@@ -1,0 +1,916 @@
+// A fake CUDA runtime on host memory (tests only). The CUDA engine's host
+// logic, compiled unchanged from csrc/cuda/cuda_engine.cpp, calls it through
+// the engine's runtime table; tests/test_cuda_fake.py drives it.
+//
+// The model, and where each rule comes from (CUDA 13.0, lines of
+// /usr/local/cuda/include/cuda_runtime_api.h, cuda.h and driver_types.h,
+// or the named documentation page):
+//
+// * Memory: a registry of device allocations (per device), page-locked host
+//   memory (cudaHostAlloc, cudaHostRegister: mapped and portable, "On a system
+//   with unified virtual addressing, the memory will be both mapped and
+//   portable", cuda_runtime_api.h:4913-4914) and, by elimination, pageable
+//   host memory. A copy whose range leaves its allocation, or whose sides do
+//   not match its cudaMemcpyKind, fails with cudaErrorInvalidValue.
+// * Streams are queues: copies and kernels run only when the stream is
+//   synchronized or an event recorded after them is queried, so a missing
+//   ordering shows up as stale data. Exceptions as CUDA documents them
+//   ("API synchronization behavior" page of the runtime API docs): a copy
+//   from pageable memory reads its source during the call (staged), a copy
+//   to pageable memory waits for the stream and lands before it returns.
+// * Batch copies: cudaMemcpyBatchAsync rejects the legacy stream ("Must not be
+//   legacy NULL stream", cuda_runtime_api.h:6426) and a capturing stream
+//   (cudaErrorStreamCaptureUnsupported, measured in rapidsai/rmm#2518 and
+//   NVIDIA/cuopt#1753: "cudaMemcpyBatchAsync during capture -> 900"; the
+//   capture stays valid, as rmm#2518 measured); attrs/attrsIdxs must satisfy
+//   cuda_runtime_api.h:6387-6388 (first index 0, increasing, below count,
+//   numAttrs <= count) and carry a valid srcAccessOrder (6401-6403). The
+//   header does not say when the arrays are read, so the fake models both
+//   ends: by default it reads the pointer arrays when the copies run and
+//   reports a violation if they changed since the call (an engine that
+//   released them early fails); with the `scribble_arrays` fault it copies
+//   them during the call and overwrites them after it returns (an engine that
+//   read them afterwards fails). attrs and attrsIdxs, which the API takes
+//   through non-const pointers (6435), are read during the call and always
+//   overwritten after it returns, so reusing them across calls fails.
+// * Capture: record, instantiate, replay. Work on a capturing stream becomes
+//   graph nodes (cuda_runtime_api.h:2437-2439). Prohibited, with
+//   cudaErrorStreamCaptureUnsupported, and invalidating the capture ("When an
+//   invalid operation is attempted during stream capture, any associated
+//   capture graphs are invalidated", CUDA Programming Guide, Stream Capture,
+//   Invalidation): synchronizing or querying a capturing stream, copies of
+//   pageable memory (they synchronize, see above), and the "potentially
+//   unsafe" calls (synchronous cudaMemcpy, stream and event sync, event
+//   query, host registration, allocation) under the thread's capture mode
+//   (cuda_runtime_api.h:2536-2548): global mode prohibits them while this
+//   thread captures (not relaxed) or any other thread captures in global
+//   mode; thread-local mode only for this thread's own captures; relaxed
+//   never. cudaEventQuery on an event recorded in a capture fails with
+//   cudaErrorCapturedEvent in every mode (2546-2548, driver_types.h:1054-1058).
+//   The legacy stream, while a blocking stream of its device captures,
+//   fails with cudaErrorStreamCaptureImplicit (cuda_runtime_api.h:2603-2610;
+//   cudaStreamIsCapturing does not invalidate the capture, use does).
+//   cudaStreamEndCapture from another thread needs relaxed mode
+//   (cudaErrorStreamCaptureWrongThread, driver_types.h:1062-1065), and an
+//   invalidated capture ends with cudaErrorStreamCaptureInvalidated.
+// * Kernel launch: the parameters are copied at launch ("the actual kernel
+//   parameter will be copied", cuda.h:17434-17435); the launch runs the
+//   kernel's own body (csrc/cuda/copy_kernel.h) on the host, every thread
+//   block and thread in turn. Memory the kernel reaches must be device memory
+//   or mapped page-locked memory; anything else is an illegal address,
+//   reported (sticky) by the next synchronization.
+// * Last error: every failed call sets the calling thread's last error, which
+//   stays until cudaGetLastError reads it (cuda_runtime_api.h:1119-1121);
+//   cudaPeekAtLastError reads without clearing. cudaErrorNotReady counts.
+// * Faults: the batch entry absent, the batch call answering an error, a
+//   failing descriptor k, a failing cudaMemcpyAsync k, a failing host
+//   registration, runtime and driver versions, and a stalled device.
+// The kernel body counts the bytes it copies per word width (host build only).
+#define KVSWAP_COPY_KERNEL_STATS 1
+#include "fake_cuda_runtime.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace fake_cuda {
+namespace {
+
+using kvswap::cuda::CopyParams;
+using Op = std::function<void()>;
+
+enum class Kind { kDevice, kPinned };
+
+struct Allocation {
+  size_t size;
+  Kind kind;
+  int device;
+  bool owned;  // allocated here (freed here) rather than registered
+};
+
+struct Capture;
+
+struct StreamState {
+  int device = 0;
+  bool blocking = false;  // synchronizes with the legacy stream
+  bool legacy = false;
+  std::deque<std::pair<uint64_t, Op>> queue;
+  uint64_t enqueued = 0;
+  uint64_t executed = 0;
+  Capture* capture = nullptr;
+};
+
+struct Capture {
+  StreamState* origin;
+  std::thread::id thread;
+  cudaStreamCaptureMode mode;
+  bool invalidated = false;
+  std::vector<Op> nodes;
+};
+
+struct EventState {
+  StreamState* stream = nullptr;
+  uint64_t seq = 0;
+  bool captured = false;
+};
+
+struct Graph {
+  std::vector<Op> nodes;
+};
+
+struct World {
+  std::recursive_mutex mu;
+  int devices = 2;
+  std::map<uintptr_t, Allocation> allocs;
+  std::deque<StreamState> streams;  // never shrinks: handles stay valid
+  std::set<const StreamState*> known;
+  std::vector<StreamState*> legacy;      // per device
+  std::vector<StreamState*> per_thread;  // per device (cudaStreamPerThread)
+  std::vector<cudaStream_t> current;     // torch's current stream, per device
+  std::deque<EventState> events;
+  std::deque<Capture> capture_store;
+  std::vector<Capture*> active;
+  std::deque<Graph> graphs;
+  Faults faults;
+  int64_t memcpy_calls = 0;
+  cudaError_t sticky = cudaSuccess;
+  std::vector<std::string> log;
+  std::vector<std::string> violations;
+  std::vector<LaunchRecord> launches;
+  std::vector<BatchRecord> batches;
+};
+
+World& world() {
+  static World* w = new World();  // process lifetime: deleters may run late
+  return *w;
+}
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local cudaStreamCaptureMode t_mode = cudaStreamCaptureModeGlobal;
+thread_local int t_device = 0;
+
+std::string hex(const void* p) {
+  std::ostringstream out;
+  out << p;
+  return out.str();
+}
+
+cudaError_t note(const char* api, const StreamState* s, cudaError_t result) {
+  World& w = world();
+  std::ostringstream line;
+  line << api << " device=" << t_device << " stream=" << hex(s) << " capturing=" << (s && s->capture ? 1 : 0)
+       << " -> " << error_name(result);
+  w.log.push_back(line.str());
+  if (result != cudaSuccess) t_last_error = result;
+  return result;
+}
+
+// A fault injected for `api` (Faults::fail), or cudaSuccess.
+cudaError_t injected(const char* api) {
+  const auto& fail = world().faults.fail;
+  auto it = fail.find(api);
+  return it == fail.end() ? cudaSuccess : it->second;
+}
+
+#define KVSWAP_FAKE_INJECT(api, stream)                                                   \
+  do {                                                                                    \
+    if (const cudaError_t injected_ = injected(api)) return note(api, stream, injected_); \
+  } while (0)
+
+StreamState* resolve(cudaStream_t stream) {
+  World& w = world();
+  if (stream == nullptr || stream == cudaStreamLegacy) return w.legacy[static_cast<size_t>(t_device)];
+  if (stream == cudaStreamPerThread) return w.per_thread[static_cast<size_t>(t_device)];
+  auto* s = reinterpret_cast<StreamState*>(stream);
+  return w.known.count(s) ? s : nullptr;
+}
+
+// --- memory ----------------------------------------------------------------------
+
+enum class Where { kDevice, kPinned, kPageable, kInvalid };
+
+struct Span {
+  Where where;
+  int device;
+};
+
+// Where [p, p + n) lives. A range that starts in an allocation must end in it.
+Span classify(const void* p, size_t n) {
+  World& w = world();
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = w.allocs.upper_bound(addr);
+  if (it != w.allocs.begin()) {
+    --it;
+    if (addr < it->first + it->second.size) {
+      if (addr + n > it->first + it->second.size) return {Where::kInvalid, -1};
+      return {it->second.kind == Kind::kDevice ? Where::kDevice : Where::kPinned, it->second.device};
+    }
+  }
+  // Unregistered: host memory, unless it overlaps an allocation.
+  auto next = w.allocs.upper_bound(addr);
+  if (next != w.allocs.end() && next->first < addr + n) return {Where::kInvalid, -1};
+  return {Where::kPageable, -1};
+}
+
+bool host_side(const Span& s) { return s.where == Where::kPinned || s.where == Where::kPageable; }
+
+// --- capture rules -------------------------------------------------------------------
+
+void invalidate(Capture* c) { c->invalidated = true; }
+
+// The thread-mode rule of cuda_runtime_api.h:2536-2548 for "potentially
+// unsafe" calls; invalidates the captures that forbid the call.
+bool unsafe_prohibited() {
+  World& w = world();
+  if (t_mode == cudaStreamCaptureModeRelaxed) return false;
+  bool prohibited = false;
+  for (Capture* c : w.active) {
+    const bool mine = c->thread == std::this_thread::get_id();
+    if ((mine && c->mode != cudaStreamCaptureModeRelaxed) ||
+        (!mine && t_mode == cudaStreamCaptureModeGlobal && c->mode == cudaStreamCaptureModeGlobal)) {
+      invalidate(c);
+      prohibited = true;
+    }
+  }
+  return prohibited;
+}
+
+// A blocking stream of `device` capturing: the legacy stream may not be used
+// (cuda_runtime_api.h:2603-2610, driver_types.h:1048-1052).
+std::vector<Capture*> blocking_captures(int device) {
+  std::vector<Capture*> out;
+  for (Capture* c : world().active) {
+    if (c->origin->blocking && c->origin->device == device) out.push_back(c);
+  }
+  return out;
+}
+
+// Queues `op` on `s`, or records it into the stream's capture.
+cudaError_t enqueue(StreamState* s, Op op) {
+  if (s->legacy) {
+    auto blocking = blocking_captures(s->device);
+    if (!blocking.empty()) {
+      for (Capture* c : blocking) invalidate(c);
+      return cudaErrorStreamCaptureImplicit;
+    }
+  }
+  if (s->capture != nullptr) {
+    s->capture->nodes.push_back(std::move(op));
+    return cudaSuccess;
+  }
+  s->queue.emplace_back(++s->enqueued, std::move(op));
+  return cudaSuccess;
+}
+
+void drain(StreamState* s, uint64_t upto) {
+  while (!s->queue.empty() && s->queue.front().first <= upto) {
+    auto item = std::move(s->queue.front());
+    s->queue.pop_front();
+    item.second();
+    s->executed = item.first;
+  }
+}
+
+void drain_all(StreamState* s) { drain(s, s->enqueued); }
+
+// --- runtime functions --------------------------------------------------------------
+
+cudaStream_t f_current_stream(int device) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return world().current.at(static_cast<size_t>(device));
+}
+
+int f_exchange_device(int device) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  const int previous = t_device;
+  if (device >= 0 && device < world().devices) t_device = device;
+  world().log.push_back("exchange_device " + std::to_string(previous) + "->" + std::to_string(device));
+  return previous;
+}
+
+cudaError_t f_get_last_error() {
+  const cudaError_t e = t_last_error;
+  t_last_error = cudaSuccess;
+  return e;
+}
+
+const char* f_error_string(cudaError_t err) { return error_name(err); }
+
+cudaError_t f_runtime_version(int* v) {
+  KVSWAP_FAKE_INJECT("cudaRuntimeGetVersion", nullptr);
+  *v = world().faults.runtime_version;
+  return cudaSuccess;
+}
+
+cudaError_t f_driver_version(int* v) {
+  KVSWAP_FAKE_INJECT("cudaDriverGetVersion", nullptr);
+  *v = world().faults.driver_version;
+  return cudaSuccess;
+}
+
+cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  const int64_t call = w.memcpy_calls++;
+  StreamState* s = resolve(stream);
+  if (s == nullptr) return note("cudaMemcpyAsync", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaMemcpyAsync", s);
+  if (call == w.faults.memcpy_fail_at) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
+  const Span from = classify(src, n);
+  const Span to = classify(dst, n);
+  bool ok = false;
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      ok = host_side(from) && to.where == Where::kDevice;
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = from.where == Where::kDevice && host_side(to);
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = from.where == Where::kDevice && to.where == Where::kDevice;
+      break;
+    default:
+      ok = from.where != Where::kInvalid && to.where != Where::kInvalid;
+  }
+  if (!ok) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
+  const bool pageable = from.where == Where::kPageable || to.where == Where::kPageable;
+  if (pageable && s->capture != nullptr) {
+    invalidate(s->capture);
+    return note("cudaMemcpyAsync", s, cudaErrorStreamCaptureUnsupported);
+  }
+  if (from.where == Where::kPageable) {
+    // Staged during the call; the bytes land in stream order.
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                      static_cast<const char*>(src) + n);
+    return note("cudaMemcpyAsync", s, enqueue(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }));
+  }
+  if (to.where == Where::kPageable) {
+    // Returns only once the copy has completed.
+    const cudaError_t err = enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); });
+    if (err == cudaSuccess) drain_all(s);
+    return note("cudaMemcpyAsync", s, err);
+  }
+  return note("cudaMemcpyAsync", s, enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); }));
+}
+
+cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                           cudaMemcpyAttributes* attrs, size_t* idxs, size_t num_attrs, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  StreamState* s = resolve(stream);
+  auto done = [&](cudaError_t err) {
+    // The API may write what it takes through non-const pointers.
+    for (size_t k = 0; k < num_attrs && attrs != nullptr && idxs != nullptr; ++k) {
+      std::memset(&attrs[k], 0xA5, sizeof(cudaMemcpyAttributes));
+      idxs[k] = SIZE_MAX;
+    }
+    return note("cudaMemcpyBatchAsync", s, err);
+  };
+  if (s == nullptr) return done(cudaErrorInvalidResourceHandle);
+  if (const cudaError_t e = injected("cudaMemcpyBatchAsync")) return done(e);
+  if (w.faults.batch_error != cudaSuccess) return done(w.faults.batch_error);
+  if (s->legacy) return done(cudaErrorInvalidValue);
+  if (s->capture != nullptr) return done(cudaErrorStreamCaptureUnsupported);  // capture stays valid
+  if (count == 0 || num_attrs == 0 || num_attrs > count || attrs == nullptr || idxs == nullptr ||
+      idxs[0] != 0) {
+    return done(cudaErrorInvalidValue);
+  }
+  for (size_t k = 0; k < num_attrs; ++k) {
+    if ((k > 0 && idxs[k] <= idxs[k - 1]) || idxs[k] >= count) return done(cudaErrorInvalidValue);
+    const int order = static_cast<int>(attrs[k].srcAccessOrder);
+    if (order != cudaMemcpySrcAccessOrderStream && order != cudaMemcpySrcAccessOrderDuringApiCall &&
+        order != cudaMemcpySrcAccessOrderAny) {
+      return done(cudaErrorInvalidValue);
+    }
+  }
+  if (w.faults.batch_fail_at >= 0 && count > static_cast<size_t>(w.faults.batch_fail_at)) {
+    return done(cudaErrorInvalidValue);
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const Span a = classify(srcs[i], sizes[i]);
+    const Span b = classify(dsts[i], sizes[i]);
+    if (a.where == Where::kInvalid || b.where == Where::kInvalid || sizes[i] == 0) {
+      return done(cudaErrorInvalidValue);
+    }
+  }
+  w.batches.push_back(BatchRecord{count, num_attrs, idxs[0], static_cast<int>(attrs[0].srcAccessOrder)});
+  auto snap_dst = std::make_shared<std::vector<void*>>(dsts, dsts + count);
+  auto snap_src = std::make_shared<std::vector<const void*>>(srcs, srcs + count);
+  auto snap_size = std::make_shared<std::vector<size_t>>(sizes, sizes + count);
+  const bool scribble = w.faults.scribble_arrays;
+  const cudaError_t err = enqueue(s, [=] {
+    // The runtime may read the arrays now: they must not have changed.
+    if (!scribble && (!std::equal(snap_dst->begin(), snap_dst->end(), dsts) ||
+        !std::equal(snap_src->begin(), snap_src->end(), srcs) ||
+        !std::equal(snap_size->begin(), snap_size->end(), sizes))) {
+      world().violations.push_back("cudaMemcpyBatchAsync: descriptor arrays changed before the copies ran");
+    }
+    for (size_t i = 0; i < snap_dst->size(); ++i) std::memcpy((*snap_dst)[i], (*snap_src)[i], (*snap_size)[i]);
+  });
+  if (scribble && err == cudaSuccess) {
+    // The other model of the arrays' lifetime: consumed during the call, the
+    // caller's copies garbage afterwards. An engine that read its table after
+    // a successful submission would copy garbage.
+    std::memset(const_cast<void**>(dsts), 0xEE, count * sizeof(void*));
+    std::memset(const_cast<void**>(srcs), 0xEE, count * sizeof(void*));
+    std::memset(const_cast<size_t*>(sizes), 0xEE, count * sizeof(size_t));
+  }
+  return done(err);
+}
+
+cudaError_t f_stream_is_capturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  StreamState* s = resolve(stream);
+  if (s == nullptr) return note("cudaStreamIsCapturing", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaStreamIsCapturing", s);
+  if (s->legacy && !blocking_captures(s->device).empty()) {
+    return note("cudaStreamIsCapturing", s, cudaErrorStreamCaptureImplicit);  // not invalidated
+  }
+  *status = s->capture == nullptr ? cudaStreamCaptureStatusNone
+            : s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                      : cudaStreamCaptureStatusActive;
+  return note("cudaStreamIsCapturing", s, cudaSuccess);
+}
+
+cudaError_t f_exchange_mode(cudaStreamCaptureMode* mode) {
+  KVSWAP_FAKE_INJECT("cudaThreadExchangeStreamCaptureMode", nullptr);
+  std::swap(*mode, t_mode);
+  return cudaSuccess;
+}
+
+cudaError_t f_event_create(cudaEvent_t* event, unsigned int) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  KVSWAP_FAKE_INJECT("cudaEventCreateWithFlags", nullptr);
+  world().events.emplace_back();
+  *event = reinterpret_cast<cudaEvent_t>(&world().events.back());
+  return note("cudaEventCreateWithFlags", nullptr, cudaSuccess);
+}
+
+cudaError_t f_event_record(cudaEvent_t event, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  StreamState* s = resolve(stream);
+  if (s == nullptr || event == nullptr) return note("cudaEventRecord", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaEventRecord", s);
+  auto* e = reinterpret_cast<EventState*>(event);
+  if (s->capture != nullptr) {
+    e->captured = true;
+    return note("cudaEventRecord", s, cudaSuccess);
+  }
+  const cudaError_t err = enqueue(s, [] {});
+  if (err != cudaSuccess) return note("cudaEventRecord", s, err);
+  e->captured = false;
+  e->stream = s;
+  e->seq = s->enqueued;
+  return note("cudaEventRecord", s, cudaSuccess);
+}
+
+cudaError_t f_event_query(cudaEvent_t event) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  auto* e = reinterpret_cast<EventState*>(event);
+  if (e == nullptr) return note("cudaEventQuery", nullptr, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaEventQuery", e->stream);
+  if (e->captured) return note("cudaEventQuery", e->stream, cudaErrorCapturedEvent);
+  if (unsafe_prohibited()) return note("cudaEventQuery", e->stream, cudaErrorStreamCaptureUnsupported);
+  if (e->stream == nullptr) return note("cudaEventQuery", nullptr, cudaSuccess);
+  if (w.faults.stalled && e->stream->executed < e->seq) return note("cudaEventQuery", e->stream, cudaErrorNotReady);
+  drain(e->stream, e->seq);
+  return note("cudaEventQuery", e->stream, w.sticky);
+}
+
+cudaError_t f_pointer_attributes(cudaPointerAttributes* attrs, const void* ptr) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  KVSWAP_FAKE_INJECT("cudaPointerGetAttributes", nullptr);
+  *attrs = cudaPointerAttributes{};
+  const Span s = classify(ptr, 1);
+  switch (s.where) {
+    case Where::kDevice:
+      attrs->type = cudaMemoryTypeDevice;
+      attrs->device = s.device;
+      attrs->devicePointer = s.device == t_device ? const_cast<void*>(ptr) : nullptr;
+      break;
+    case Where::kPinned:
+      attrs->type = cudaMemoryTypeHost;
+      attrs->device = s.device;
+      attrs->devicePointer = const_cast<void*>(ptr);  // mapped, same address under UVA
+      attrs->hostPointer = const_cast<void*>(ptr);
+      break;
+    default:  // "forward passing host pointer will return cudaMemoryTypeUnregistered" (8392-8393)
+      attrs->type = cudaMemoryTypeUnregistered;
+      attrs->hostPointer = const_cast<void*>(ptr);
+  }
+  return note("cudaPointerGetAttributes", nullptr, cudaSuccess);
+}
+
+cudaError_t f_host_register(void* ptr, size_t size, unsigned int) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  if (unsafe_prohibited()) return note("cudaHostRegister", nullptr, cudaErrorStreamCaptureUnsupported);
+  if (w.faults.host_register_error != cudaSuccess) return note("cudaHostRegister", nullptr, w.faults.host_register_error);
+  if (size == 0 || ptr == nullptr) return note("cudaHostRegister", nullptr, cudaErrorInvalidValue);
+  if (classify(ptr, size).where != Where::kPageable) {
+    return note("cudaHostRegister", nullptr, cudaErrorHostMemoryAlreadyRegistered);
+  }
+  w.allocs[reinterpret_cast<uintptr_t>(ptr)] = Allocation{size, Kind::kPinned, t_device, false};
+  return note("cudaHostRegister", nullptr, cudaSuccess);
+}
+
+cudaError_t f_host_unregister(void* ptr) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  if (unsafe_prohibited()) return note("cudaHostUnregister", nullptr, cudaErrorStreamCaptureUnsupported);
+  auto it = w.allocs.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == w.allocs.end() || it->second.owned || it->second.kind != Kind::kPinned) {
+    return note("cudaHostUnregister", nullptr, cudaErrorHostMemoryNotRegistered);
+  }
+  w.allocs.erase(it);
+  return note("cudaHostUnregister", nullptr, cudaSuccess);
+}
+
+// Memory a kernel may touch: device memory of `device` or mapped host memory.
+bool kernel_reachable(const void* p, size_t n, int device) {
+  if (n == 0) return true;
+  const Span s = classify(p, n);
+  return s.where == Where::kPinned || (s.where == Where::kDevice && s.device == device);
+}
+
+cudaError_t f_launch_copy(const CopyParams* params, unsigned grid_x, unsigned grid_y, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  StreamState* s = resolve(stream);
+  if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_INJECT("cudaLaunchKernel", s);
+  if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
+    return note("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
+  }
+  w.launches.push_back(LaunchRecord{grid_x, grid_y, params->n, params->slices, params->num_pairs,
+                                    params->src_ids == nullptr, params->dst_ids == nullptr});
+  auto p = std::make_shared<CopyParams>(*params);  // copied at launch
+  const int device = s->device;
+  return note("cudaLaunchKernel", s, enqueue(s, [p, grid_x, grid_y, device] {
+    World& w = world();
+    const CopyParams& q = *p;
+    bool reachable = kernel_reachable(q.src_ids, static_cast<size_t>(q.n) * 8 * (q.src_ids != nullptr), device) &&
+                     kernel_reachable(q.dst_ids, static_cast<size_t>(q.n) * 8 * (q.dst_ids != nullptr), device);
+    for (int i = 0; i < q.num_pairs; ++i) {
+      const auto& pair = kvswap::cuda::pair_at(q, i);
+      if (pair.src_blocks > 0) {
+        reachable = reachable &&
+                    kernel_reachable(pair.src, static_cast<size_t>((pair.src_blocks - 1) * pair.src_stride + pair.block_bytes), device);
+      }
+      if (pair.dst_blocks > 0) {
+        reachable = reachable &&
+                    kernel_reachable(pair.dst, static_cast<size_t>((pair.dst_blocks - 1) * pair.dst_stride + pair.block_bytes), device);
+      }
+    }
+    if (!reachable) {
+      w.violations.push_back("kernel: touched memory the device cannot address");
+      w.sticky = cudaErrorIllegalAddress;
+      return;
+    }
+    const int64_t items = kvswap::cuda::work_items(q);
+    for (unsigned by = 0; by < grid_y; ++by) {
+      for (unsigned bx = 0; bx < grid_x; ++bx) {
+        for (int64_t item = bx; item < items; item += grid_x) {
+          for (int tid = 0; tid < kvswap::cuda::kCopyThreads; ++tid) {
+            kvswap::cuda::copy_item(q, static_cast<int>(by), item, tid, kvswap::cuda::kCopyThreads);
+          }
+        }
+      }
+    }
+  }));
+}
+
+// --- the no-op runtime ---------------------------------------------------------------
+
+cudaStream_t n_current_stream(int) { return reinterpret_cast<cudaStream_t>(uintptr_t{0x100}); }
+int n_exchange_device(int device) { return device; }
+cudaError_t n_success() { return cudaSuccess; }
+const char* n_name(cudaError_t) { return "cudaSuccess"; }
+cudaError_t n_version(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+cudaError_t n_memcpy(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) { return cudaSuccess; }
+cudaError_t n_batch(void* const*, const void* const*, const size_t*, size_t, cudaMemcpyAttributes*, size_t*,
+                    size_t, cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t n_capturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t n_mode(cudaStreamCaptureMode*) { return cudaSuccess; }
+cudaError_t n_event_create(cudaEvent_t* e, unsigned int) {
+  static char token;
+  *e = reinterpret_cast<cudaEvent_t>(&token);
+  return cudaSuccess;
+}
+cudaError_t n_event_record(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t n_event_query(cudaEvent_t) { return cudaSuccess; }
+cudaError_t n_pointer(cudaPointerAttributes* a, const void* p) {
+  a->type = cudaMemoryTypeHost;
+  a->devicePointer = const_cast<void*>(p);
+  return cudaSuccess;
+}
+cudaError_t n_register(void*, size_t, unsigned int) { return cudaSuccess; }
+cudaError_t n_unregister(void*) { return cudaSuccess; }
+cudaError_t n_launch(const CopyParams*, unsigned, unsigned, cudaStream_t) { return cudaSuccess; }
+
+kvswap::cuda::CudaApi g_fake;
+kvswap::cuda::CudaApi g_noop;
+
+}  // namespace
+
+const kvswap::cuda::CudaApi* fake_table() {
+  auto& t = g_fake;
+  t.current_stream = &f_current_stream;
+  t.exchange_device = &f_exchange_device;
+  t.get_last_error = &f_get_last_error;
+  t.get_error_name = &error_name;
+  t.get_error_string = &f_error_string;
+  t.runtime_get_version = &f_runtime_version;
+  t.driver_get_version = &f_driver_version;
+  t.memcpy_async = &f_memcpy_async;
+  t.memcpy_batch_async = world().faults.batch_absent ? nullptr : &f_memcpy_batch;
+  t.stream_is_capturing = &f_stream_is_capturing;
+  t.thread_exchange_stream_capture_mode = &f_exchange_mode;
+  t.event_create_with_flags = &f_event_create;
+  t.event_record = &f_event_record;
+  t.event_query = &f_event_query;
+  t.pointer_get_attributes = &f_pointer_attributes;
+  t.host_register = &f_host_register;
+  t.host_unregister = &f_host_unregister;
+  t.launch_copy = &f_launch_copy;
+  return &t;
+}
+
+const kvswap::cuda::CudaApi* noop_table() {
+  auto& t = g_noop;
+  t.current_stream = &n_current_stream;
+  t.exchange_device = &n_exchange_device;
+  t.get_last_error = &n_success;
+  t.get_error_name = &n_name;
+  t.get_error_string = &n_name;
+  t.runtime_get_version = &n_version;
+  t.driver_get_version = &n_version;
+  t.memcpy_async = &n_memcpy;
+  t.memcpy_batch_async = &n_batch;
+  t.stream_is_capturing = &n_capturing;
+  t.thread_exchange_stream_capture_mode = &n_mode;
+  t.event_create_with_flags = &n_event_create;
+  t.event_record = &n_event_record;
+  t.event_query = &n_event_query;
+  t.pointer_get_attributes = &n_pointer;
+  t.host_register = &n_register;
+  t.host_unregister = &n_unregister;
+  t.launch_copy = &n_launch;
+  return &t;
+}
+
+void reset(int devices) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  w.devices = devices;
+  for (auto& s : w.streams) {
+    s.queue.clear();
+    s.executed = s.enqueued;
+    s.capture = nullptr;
+  }
+  for (auto& e : w.events) {
+    e.captured = false;  // every recorded event has completed
+  }
+  w.active.clear();
+  w.legacy.clear();
+  w.per_thread.clear();
+  w.current.clear();
+  for (int d = 0; d < devices; ++d) {
+    for (auto* list : {&w.legacy, &w.per_thread}) {
+      w.streams.emplace_back();
+      StreamState& s = w.streams.back();
+      s.device = d;
+      s.legacy = list == &w.legacy;
+      s.blocking = true;
+      w.known.insert(&s);
+      list->push_back(&s);
+    }
+    w.current.push_back(nullptr);  // torch's default: the legacy stream
+  }
+  w.faults = Faults{};
+  w.memcpy_calls = 0;
+  w.sticky = cudaSuccess;
+  w.log.clear();
+  w.violations.clear();
+  w.launches.clear();
+  w.batches.clear();
+  kvswap::cuda::copy_stats() = kvswap::cuda::CopyStats{};
+  t_last_error = cudaSuccess;
+  t_mode = cudaStreamCaptureModeGlobal;
+  t_device = 0;
+}
+
+void* device_malloc(size_t bytes, int device) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  const size_t rounded = std::max<size_t>(256, (bytes + 255) / 256 * 256);  // cudaMalloc aligns to 256
+  void* p = std::aligned_alloc(256, rounded);
+  std::memset(p, 0xCD, rounded);
+  world().allocs[reinterpret_cast<uintptr_t>(p)] = Allocation{rounded, Kind::kDevice, device, true};
+  return p;
+}
+
+void device_free(void* ptr) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  world().allocs.erase(reinterpret_cast<uintptr_t>(ptr));
+  std::free(ptr);
+}
+
+void* host_alloc(size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  const size_t rounded = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
+  void* p = std::aligned_alloc(4096, rounded);
+  std::memset(p, 0, rounded);
+  world().allocs[reinterpret_cast<uintptr_t>(p)] = Allocation{rounded, Kind::kPinned, t_device, true};
+  return p;
+}
+
+void host_free(void* ptr) { device_free(ptr); }
+
+cudaStream_t stream_create(int device, bool blocking) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  w.streams.emplace_back();
+  StreamState& s = w.streams.back();
+  s.device = device;
+  s.blocking = blocking;
+  w.known.insert(&s);
+  return reinterpret_cast<cudaStream_t>(&s);
+}
+
+void set_current_stream(int device, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  world().current.at(static_cast<size_t>(device)) = stream;
+}
+
+cudaStream_t current_stream(int device) { return f_current_stream(device); }
+
+int current_device() { return t_device; }
+
+cudaError_t stream_synchronize(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  StreamState* s = resolve(stream);
+  if (s == nullptr) return note("cudaStreamSynchronize", s, cudaErrorInvalidResourceHandle);
+  if (s->capture != nullptr) {
+    invalidate(s->capture);
+    return note("cudaStreamSynchronize", s, cudaErrorStreamCaptureUnsupported);
+  }
+  if (unsafe_prohibited()) return note("cudaStreamSynchronize", s, cudaErrorStreamCaptureUnsupported);
+  if (s->legacy && !blocking_captures(s->device).empty()) {
+    for (Capture* c : blocking_captures(s->device)) invalidate(c);
+    return note("cudaStreamSynchronize", s, cudaErrorStreamCaptureImplicit);
+  }
+  drain_all(s);
+  return note("cudaStreamSynchronize", s, world().sticky);
+}
+
+cudaError_t memcpy_sync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  StreamState* legacy = resolve(nullptr);
+  if (unsafe_prohibited()) return note("cudaMemcpy", legacy, cudaErrorStreamCaptureUnsupported);
+  const cudaError_t err = f_memcpy_async(dst, src, bytes, kind, nullptr);
+  if (err != cudaSuccess) return note("cudaMemcpy", legacy, err);
+  drain_all(legacy);
+  return note("cudaMemcpy", legacy, world().sticky);
+}
+
+cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  return f_memcpy_async(dst, src, bytes, kind, stream);
+}
+
+cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  StreamState* s = resolve(stream);
+  if (s == nullptr) return note("cudaStreamBeginCapture", s, cudaErrorInvalidResourceHandle);
+  if (s->legacy) return note("cudaStreamBeginCapture", s, cudaErrorStreamCaptureUnsupported);  // 2439-2440
+  if (s->capture != nullptr) return note("cudaStreamBeginCapture", s, cudaErrorIllegalState);
+  w.capture_store.push_back(Capture{s, std::this_thread::get_id(), mode, false, {}});
+  s->capture = &w.capture_store.back();
+  w.active.push_back(s->capture);
+  return note("cudaStreamBeginCapture", s, cudaSuccess);
+}
+
+cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  StreamState* s = resolve(stream);
+  *graph = nullptr;
+  if (s == nullptr) return note("cudaStreamEndCapture", s, cudaErrorInvalidResourceHandle);
+  Capture* c = s->capture;
+  if (c == nullptr) return note("cudaStreamEndCapture", s, cudaErrorIllegalState);
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id()) {
+    return note("cudaStreamEndCapture", s, cudaErrorStreamCaptureWrongThread);
+  }
+  s->capture = nullptr;
+  w.active.erase(std::find(w.active.begin(), w.active.end(), c));
+  if (c->invalidated) return note("cudaStreamEndCapture", s, cudaErrorStreamCaptureInvalidated);
+  w.graphs.push_back(Graph{c->nodes});
+  *graph = reinterpret_cast<cudaGraph_t>(&w.graphs.back());
+  return note("cudaStreamEndCapture", s, cudaSuccess);
+}
+
+cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  w.graphs.push_back(*reinterpret_cast<Graph*>(graph));
+  *exec = reinterpret_cast<cudaGraphExec_t>(&w.graphs.back());
+  return note("cudaGraphInstantiate", nullptr, cudaSuccess);
+}
+
+cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  StreamState* s = resolve(stream);
+  if (s == nullptr) return note("cudaGraphLaunch", s, cudaErrorInvalidResourceHandle);
+  for (const Op& op : reinterpret_cast<Graph*>(exec)->nodes) {
+    const cudaError_t err = enqueue(s, op);
+    if (err != cudaSuccess) return note("cudaGraphLaunch", s, err);
+  }
+  return note("cudaGraphLaunch", s, cudaSuccess);
+}
+
+cudaError_t exchange_capture_mode(cudaStreamCaptureMode* mode) { return f_exchange_mode(mode); }
+
+cudaError_t get_last_error(bool peek) { return peek ? t_last_error : f_get_last_error(); }
+
+const char* error_name(cudaError_t err) {
+  switch (err) {
+#define KVSWAP_FAKE_NAME(e) \
+  case e:                   \
+    return #e;
+    KVSWAP_FAKE_NAME(cudaSuccess)
+    KVSWAP_FAKE_NAME(cudaErrorInvalidValue)
+    KVSWAP_FAKE_NAME(cudaErrorInvalidConfiguration)
+    KVSWAP_FAKE_NAME(cudaErrorInsufficientDriver)
+    KVSWAP_FAKE_NAME(cudaErrorCallRequiresNewerDriver)
+    KVSWAP_FAKE_NAME(cudaErrorInvalidResourceHandle)
+    KVSWAP_FAKE_NAME(cudaErrorIllegalState)
+    KVSWAP_FAKE_NAME(cudaErrorNotReady)
+    KVSWAP_FAKE_NAME(cudaErrorIllegalAddress)
+    KVSWAP_FAKE_NAME(cudaErrorHostMemoryAlreadyRegistered)
+    KVSWAP_FAKE_NAME(cudaErrorHostMemoryNotRegistered)
+    KVSWAP_FAKE_NAME(cudaErrorNotSupported)
+    KVSWAP_FAKE_NAME(cudaErrorStreamCaptureUnsupported)
+    KVSWAP_FAKE_NAME(cudaErrorStreamCaptureInvalidated)
+    KVSWAP_FAKE_NAME(cudaErrorStreamCaptureImplicit)
+    KVSWAP_FAKE_NAME(cudaErrorCapturedEvent)
+    KVSWAP_FAKE_NAME(cudaErrorStreamCaptureWrongThread)
+    KVSWAP_FAKE_NAME(cudaErrorMemoryAllocation)
+#undef KVSWAP_FAKE_NAME
+    default:
+      return "cudaErrorUnknown(fake)";
+  }
+}
+
+Faults& faults() { return world().faults; }
+
+std::vector<std::string> call_log() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return world().log;
+}
+
+int64_t count_calls(const std::string& api) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  int64_t n = 0;
+  for (const auto& line : world().log) n += line.compare(0, api.size() + 1, api + " ") == 0;
+  return n;
+}
+
+std::vector<std::string> violations() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return world().violations;
+}
+
+std::vector<LaunchRecord> launches() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return world().launches;
+}
+
+std::vector<int64_t> copy_widths() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  const auto& b = kvswap::cuda::copy_stats().bytes;
+  return std::vector<int64_t>(b, b + 5);
+}
+
+std::vector<BatchRecord> batches() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return world().batches;
+}
+
+}  // namespace fake_cuda

@@ -1,0 +1,92 @@
+// A fake CUDA runtime on host memory, for tests only: the CUDA engine's host
+// logic (csrc/cuda/cuda_engine.cpp) runs against it in CPU CI through the
+// engine's runtime table. What it models, and the source of each rule, is in
+// fake_cuda_runtime.cpp; docs/cuda.md says what it verifies and what only
+// hardware can.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../../csrc/cuda/cuda_engine.h"
+
+namespace fake_cuda {
+
+// Tables to bind the engine to: the fake runtime, or one whose every call
+// succeeds at once and does nothing (for measuring the engine's own cost).
+const kvswap::cuda::CudaApi* fake_table();
+const kvswap::cuda::CudaApi* noop_table();
+
+// Forgets streams' queued work, captures, the call log and every fault;
+// keeps allocations. `devices` is the device count.
+void reset(int devices);
+
+// Memory. Device memory and pinned memory are host memory that the registry
+// marks as such; anything else is pageable host memory.
+void* device_malloc(size_t bytes, int device);
+void device_free(void* ptr);
+void* host_alloc(size_t bytes);  // pinned and mapped (cudaHostAlloc, default flags under UVA)
+void host_free(void* ptr);
+
+// Streams: handles of the runtime. 0 is the legacy default stream.
+cudaStream_t stream_create(int device, bool blocking);
+void set_current_stream(int device, cudaStream_t stream);
+cudaStream_t current_stream(int device);
+int current_device();
+
+// The runtime functions the tests drive directly (same contracts as CUDA's).
+cudaError_t stream_synchronize(cudaStream_t stream);
+cudaError_t memcpy_sync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph);
+cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t exchange_capture_mode(cudaStreamCaptureMode* mode);
+cudaError_t get_last_error(bool peek);
+const char* error_name(cudaError_t err);
+
+// Injectable faults and versions.
+struct Faults {
+  bool batch_absent = false;                   // the table has no batch entry
+  cudaError_t batch_error = cudaSuccess;       // the batch call answers this
+  int64_t batch_fail_at = -1;                  // a batch with more descriptors fails (invalid value)
+  int64_t memcpy_fail_at = -1;                 // the k-th cudaMemcpyAsync since reset fails
+  cudaError_t host_register_error = cudaSuccess;
+  int runtime_version = 13000;
+  int driver_version = 13000;
+  bool stalled = false;                        // queued work does not progress until a sync
+  bool scribble_arrays = false;                // batch: copy the pointer arrays during the call,
+                                               // then overwrite them too (const or not)
+  std::map<std::string, cudaError_t> fail;     // runtime function name -> error it answers
+};
+Faults& faults();
+
+// What happened: one line per runtime call ("api device=D stream=S
+// capturing=C -> error"), kernel launch shapes, and rule violations that no
+// error code reports (descriptor arrays changed while the runtime may still
+// read them; a kernel that touched pageable memory).
+std::vector<std::string> call_log();
+int64_t count_calls(const std::string& api);
+std::vector<std::string> violations();
+struct LaunchRecord {
+  unsigned grid_x, grid_y;
+  int64_t n, slices;
+  int num_pairs;
+  bool inline_src, inline_dst;
+};
+std::vector<LaunchRecord> launches();
+struct BatchRecord {
+  size_t count, num_attrs, first_index;
+  int src_access_order;
+};
+std::vector<BatchRecord> batches();
+// Bytes the kernel body copied, by word width (1, 2, 4, 8, 16 bytes).
+std::vector<int64_t> copy_widths();
+
+}  // namespace fake_cuda
