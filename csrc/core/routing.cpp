@@ -230,10 +230,12 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
   if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {
     return Path::kKernel;
   }
-  TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: block ids on the device while the stream of ",
-                    device, " is captured need the kernel path, which ", kernel_available ?
-                    "needs every host-side cache in pinned memory" : "this engine does not have",
-                    "; pin the host caches or pass the block ids on the host");
+  TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: the current stream of ", device,
+                    " is being captured, and block ids on the device can then only be read by a "
+                    "copy kernel, which ", kernel_available
+                        ? "needs every host-side cache in pinned memory; pin the host caches or "
+                          "pass the block ids as CPU tensors"
+                        : "this engine does not have; pass the block ids as CPU tensors");
   check_capturable_descriptors();
   return Path::kDescriptors;
 }
