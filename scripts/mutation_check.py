@@ -30,6 +30,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -158,15 +159,18 @@ def sync_tree(root: Path, work: Path) -> None:
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int | str, str]:
-    """Runs cmd; returns (exit code, or "timeout"), and its output."""
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, timeout=timeout, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, errors="replace",
-                              start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace")
-        return "timeout", out
-    return proc.returncode, proc.stdout
+    """Runs cmd in its own process group; returns (exit code, or "timeout"),
+    and its output. On a timeout the whole group is killed (pytest and the
+    children it forked)."""
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace", start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return "timeout", out
+        return proc.returncode, out
 
 
 def build(work: Path, env: dict[str, str]) -> tuple[bool, str]:
