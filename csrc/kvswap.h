@@ -31,8 +31,11 @@ namespace kvswap {
 
 // Direction codes of `swap_blocks_batch`. These values are the public
 // contract with the reference call (0 = host->device, 1 = device->host,
-// 2 = device->device); torch_kvswap.Direction mirrors them and a test ties the
-// two together through `kvswap::_direction_name`.
+// 2 = device->device); torch_kvswap.Direction mirrors them. Two tests tie
+// the two together: `kvswap::_direction_name` names a code by this enum's
+// values (tests/test_swap_blocks_batch.py::test_direction_enum_matches_the_cpp_codes),
+// and the codes the core hands an engine for each route are checked
+// (tests/test_fake_device.py::test_each_route_hands_the_engine_its_direction_code).
 enum class Direction : int64_t {
   kHostToDevice = 0,
   kDeviceToHost = 1,
@@ -40,20 +43,19 @@ enum class Direction : int64_t {
 };
 constexpr int64_t kNumDirections = 3;
 
-// Lower-case name of a direction code ("host_to_device", ...); throws for an
-// unknown code, naming the argument `what`.
+// Lower-case name of a direction code ("host_to_device", ...), decided by the
+// enum's values; throws for an unknown code, naming the argument `what`.
 inline const char* direction_name(int64_t code, const char* what = "direction") {
-  switch (code) {
-    case 0:
+  switch (static_cast<Direction>(code)) {
+    case Direction::kHostToDevice:
       return "host_to_device";
-    case 1:
+    case Direction::kDeviceToHost:
       return "device_to_host";
-    case 2:
+    case Direction::kDeviceToDevice:
       return "device_to_device";
-    default:
-      TORCH_CHECK_VALUE(false, what, " must be 0 (host_to_device), 1 (device_to_host) or ",
-                        "2 (device_to_device), got ", code);
   }
+  TORCH_CHECK_VALUE(false, what, " must be 0 (host_to_device), 1 (device_to_host) or ",
+                    "2 (device_to_device), got ", code);
 }
 
 inline Direction checked_direction(int64_t code, const char* what = "direction") {

@@ -30,6 +30,10 @@ TORCH_LIBRARY(kvswap, m) {
   // of the result are dropped. Returns a new 1-D int64 tensor.
   m.def("expand_block_ids(Tensor block_ids, int block_size_factor, int skip_count=0) -> Tensor");
 
+  // expand_block_ids' accelerator path (ATen tensor ops) on any device, so
+  // that tests compare its values on the CPU too. Not for direct use.
+  m.def("_expand_block_ids_aten(Tensor block_ids, int block_size_factor, int skip_count=0) -> Tensor");
+
   // Name of a direction code; ties torch_kvswap.Direction to the C++ enum.
   m.def("_direction_name(int direction) -> str");
 
@@ -89,4 +93,11 @@ TORCH_LIBRARY(kvswap, m) {
   // Dry run of swap_blocks_batch: validates and returns the merged
   // descriptors it would submit.
   m.def("_plan_swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> (Tensor, Tensor, Tensor)");
+
+  // How the host engine would copy a batch of `total_bytes` bytes from this
+  // thread now: the copy routine (after KVSWAP_HOST_COPY and the CPU's
+  // features) and how many parts the bytes are split into for torch's
+  // intra-op threads (1: the calling thread alone). For tests. Not for
+  // direct use.
+  m.def("_host_copy_plan(int total_bytes) -> (str, int)");
 }

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 import torch_kvswap  # noqa: F401 - loads the ops
+
+# Hypothesis draws the same examples on every run (CI, the mutation check),
+# so a failure reproduces and a mutant is killed or not, never by luck.
+# KVSWAP_HYPOTHESIS_RANDOM=1 draws fresh examples instead, for a separate
+# exploratory run: `KVSWAP_HYPOTHESIS_RANDOM=1 bash scripts/test.sh -k matches`.
+settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("random", derandomize=False, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("random" if os.environ.get("KVSWAP_HYPOTHESIS_RANDOM") == "1" else "deterministic")
 
 
 @pytest.fixture

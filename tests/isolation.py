@@ -4,13 +4,19 @@ The child is forked from a forkserver that imported torch_kvswap once, so each
 call costs milliseconds. Case functions take no arguments: they build their
 inputs in the child, because raw addresses are only valid in the process that
 owns the memory.
+
+A call that does not finish within its timeout fails fast with a message
+naming it; its child is killed and the pool rebuilt, so the next call does not
+queue behind a hung one.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import traceback
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable
@@ -46,12 +52,34 @@ def _pool() -> ProcessPoolExecutor:
     return _executor
 
 
-def run_isolated(fn: Callable[[], object], timeout: float = 60.0) -> Outcome:
+def _discard_pool() -> None:
+    """Kills the pool's child (which may be hung) and forgets the pool."""
     global _executor
+    executor, _executor = _executor, None
+    if executor is None:
+        return
+    for process in list(getattr(executor, "_processes", {}).values()):
+        process.kill()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+def describe(fn: Callable[[], object]) -> str:
+    if isinstance(fn, functools.partial):
+        args = ", ".join(repr(a) for a in fn.args)
+        return f"{describe(fn.func)}({args})"
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def run_isolated(fn: Callable[[], object], timeout: float = 60.0) -> Outcome:
     try:
         return _pool().submit(_call, fn).result(timeout=timeout)
     except BrokenProcessPool:
-        _executor = None
-        return Outcome(None, "child process died (crash or abort)", crashed=True)
+        _discard_pool()
+        return Outcome(None, f"{describe(fn)}: child process died (crash or abort)", crashed=True)
+    except FutureTimeout:
+        _discard_pool()
+        return Outcome(None, f"{describe(fn)} did not finish within {timeout:g} s; its child "
+                             "process was killed and the pool rebuilt", crashed=True)
     except Exception:  # noqa: BLE001
-        return Outcome(None, traceback.format_exc(), crashed=True)
+        _discard_pool()
+        return Outcome(None, f"{describe(fn)}: {traceback.format_exc()}", crashed=True)

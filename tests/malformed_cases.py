@@ -2,6 +2,11 @@
 
 They run in a child process (see isolation.py): each builds its own inputs.
 CASES maps a case name to (function, expected exception type, message regex).
+
+The swap_blocks and swap_blocks_batch cases also run through the ops' dry
+runs (_plan_swap_blocks, _plan_swap_blocks_batch): run_case(name, dry_run=True)
+sends the same call there, and test_malformed.py checks that both refuse it
+with the same error.
 """
 
 from __future__ import annotations
@@ -12,6 +17,31 @@ import torch_kvswap  # noqa: F401
 
 ops = torch.ops.kvswap
 I64 = torch.int64
+_dry_run = False  # set by run_case
+
+
+def _batch_op():
+    return ops._plan_swap_blocks_batch if _dry_run else ops.swap_blocks_batch
+
+
+def _swap_op():
+    return ops._plan_swap_blocks if _dry_run else ops.swap_blocks
+
+
+def run_case(name: str, dry_run: bool = False) -> None:
+    """Runs case `name` through its op, or through the op's dry run."""
+    global _dry_run
+    if dry_run and not has_dry_run(name):
+        raise ValueError(f"{name} has no dry run")
+    _dry_run = dry_run
+    try:
+        CASES[name][0]()
+    finally:
+        _dry_run = False
+
+
+def has_dry_run(name: str) -> bool:
+    return name.startswith(("batch_", "swap_"))
 
 
 def _arena(n=256):
@@ -28,13 +58,13 @@ def _ptr_args(src=None, dst=None, sizes=None):
 
 def _batch(direction=0, **kw):
     keep, src, dst, sizes = _ptr_args(**kw)
-    ops.swap_blocks_batch(src, dst, sizes, direction)
+    _batch_op()(src, dst, sizes, direction)
     return keep
 
 
 def _one(src_addr, dst_addr, size, direction=0):
     t = lambda v: torch.tensor([v], dtype=I64)  # noqa: E731
-    ops.swap_blocks_batch(t(src_addr), t(dst_addr), t(size), direction)
+    _batch_op()(t(src_addr), t(dst_addr), t(size), direction)
 
 
 def _caches(n_src=8, n_dst=8, shape=(4, 2), dtype=torch.float32):
@@ -47,7 +77,7 @@ def _ids(*v):
 
 def _swap(src=None, dst=None, sid=None, did=None):
     s, d = _caches()
-    ops.swap_blocks(s if src is None else src, d if dst is None else dst,
+    _swap_op()(s if src is None else src, d if dst is None else dst,
                     _ids(0, 1) if sid is None else sid, _ids(2, 3) if did is None else did)
 
 
@@ -118,6 +148,11 @@ def batch_self_overlap():
     _one(a.data_ptr(), a.data_ptr() + 8, 64)
 
 
+def batch_overlap_by_one_byte():
+    a = _arena()
+    _one(a.data_ptr() + 63, a.data_ptr(), 64)
+
+
 def batch_total_overflows():
     # Byte counts 2^62 + (2^62 - 1) + 2 pass one by one but sum past int64.
     def signed(v):  # addresses above 2^63 as the int64 values data_ptr() gives
@@ -126,7 +161,7 @@ def batch_total_overflows():
     src = [4096, 4096 + big, 8192]
     dst = [1 << 63, (1 << 63) + big, 16384]
     sizes = [big, big - 1, 2]
-    ops.swap_blocks_batch(torch.tensor([signed(v) for v in src], dtype=I64),
+    _batch_op()(torch.tensor([signed(v) for v in src], dtype=I64),
                           torch.tensor([signed(v) for v in dst], dtype=I64),
                           torch.tensor(sizes, dtype=I64), 0)
 
@@ -159,8 +194,31 @@ def swap_src_id_equal_to_num_blocks():
     _swap(sid=_ids(0, 8))
 
 
+def swap_dst_id_equal_to_num_blocks():
+    _swap(did=_ids(7, 8))
+
+
 def swap_negative_src_id():
     _swap(sid=_ids(-1, 0))
+
+
+def swap_negative_dst_id():
+    _swap(did=_ids(0, -1))
+
+
+def _uneven_pairs():
+    # The second pair has fewer blocks on both sides: 4 of 8.
+    return [torch.zeros(8, 4), torch.zeros(4, 4)], [torch.zeros(8, 4), torch.zeros(4, 4)]
+
+
+def swap_src_id_equal_to_num_blocks_of_second_tensor():
+    src, dst = _uneven_pairs()
+    _swap(src=src, dst=dst, sid=_ids(0, 4), did=_ids(0, 1))
+
+
+def swap_dst_id_equal_to_num_blocks_of_second_tensor():
+    src, dst = _uneven_pairs()
+    _swap(src=src, dst=dst, sid=_ids(0, 1), did=_ids(3, 4))
 
 
 def swap_dst_id_out_of_range_for_second_tensor():
@@ -250,6 +308,7 @@ CASES = {
     "batch_negative_direction": (batch_negative_direction, ValueError, r"direction must be 0 .* got -1"),
     "batch_address_wraps": (batch_address_wraps, ValueError, r"src_ptrs\[0\] \+ sizes\[0\] overflows"),
     "batch_self_overlap": (batch_self_overlap, ValueError, r"descriptor 0: source .* overlap"),
+    "batch_overlap_by_one_byte": (batch_overlap_by_one_byte, ValueError, r"descriptor 0: source .* overlap"),
     "batch_total_overflows": (batch_total_overflows, ValueError, r"total byte count overflows int64 at index 2"),
     "swap_list_lengths": (swap_list_lengths, ValueError, r"src_caches has 1 tensors but dst_caches has 2"),
     "swap_dtype_mismatch": (swap_dtype_mismatch, TypeError, r"src_caches\[0\] is Float but dst_caches\[0\] is Half"),
@@ -257,7 +316,11 @@ CASES = {
     "swap_non_contiguous_block": (swap_non_contiguous_block, ValueError, r"src_caches\[0\]: each block must be contiguous"),
     "swap_zero_dim_cache": (swap_zero_dim_cache, ValueError, r"src_caches\[0\] must have a block dimension"),
     "swap_src_id_equal_to_num_blocks": (swap_src_id_equal_to_num_blocks, IndexError, r"src_block_ids\[1\] = 8 is out of range for src_caches\[0\], which has 8 blocks"),
+    "swap_dst_id_equal_to_num_blocks": (swap_dst_id_equal_to_num_blocks, IndexError, r"dst_block_ids\[1\] = 8 is out of range for dst_caches\[0\], which has 8 blocks"),
     "swap_negative_src_id": (swap_negative_src_id, IndexError, r"src_block_ids\[0\] = -1 is out of range"),
+    "swap_negative_dst_id": (swap_negative_dst_id, IndexError, r"dst_block_ids\[1\] = -1 is out of range for dst_caches\[0\]"),
+    "swap_src_id_equal_to_num_blocks_of_second_tensor": (swap_src_id_equal_to_num_blocks_of_second_tensor, IndexError, r"src_block_ids\[1\] = 4 is out of range for src_caches\[1\], which has 4 blocks"),
+    "swap_dst_id_equal_to_num_blocks_of_second_tensor": (swap_dst_id_equal_to_num_blocks_of_second_tensor, IndexError, r"dst_block_ids\[1\] = 4 is out of range for dst_caches\[1\], which has 4 blocks"),
     "swap_dst_id_out_of_range_for_second_tensor": (swap_dst_id_out_of_range_for_second_tensor, IndexError, r"dst_block_ids\[1\] = 5 is out of range for dst_caches\[1\], which has 4 blocks"),
     "swap_id_lengths": (swap_id_lengths, ValueError, r"src_block_ids has 3 ids but dst_block_ids has 2"),
     "swap_ids_int32": (swap_ids_int32, TypeError, r"src_block_ids must be int64"),

@@ -1,28 +1,56 @@
 """Every malformed call raises a clear error naming the argument; none crashes.
 
 Each call runs in a child process, so a crash fails its own test instead of
-ending the run.
+ending the run. The dry runs (_plan_swap_blocks, _plan_swap_blocks_batch)
+refuse every malformed call exactly as the ops do.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import time
 
 import pytest
 import torch
 
 import torch_kvswap
 from isolation import run_isolated
-from malformed_cases import CASES
+from malformed_cases import CASES, has_dry_run, run_case
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_malformed_call_raises(name):
-    fn, error_type, pattern = CASES[name]
-    outcome = run_isolated(fn)
+    _, error_type, pattern = CASES[name]
+    outcome = run_isolated(functools.partial(run_case, name))
     assert not outcome.crashed, f"{name}: {outcome.message}"
     assert outcome.error_type == error_type.__name__, (name, outcome)
     assert re.search(pattern, outcome.message), (name, outcome.message)
+
+
+def _without_addresses(message: str) -> str:
+    # Each run allocates its own buffers: addresses differ between runs.
+    return re.sub(r"\d{9,}", "<address>", message)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if has_dry_run(n)))
+def test_dry_run_refuses_exactly_like_the_op(name):
+    real = run_isolated(functools.partial(run_case, name, False))
+    dry = run_isolated(functools.partial(run_case, name, True))
+    assert not dry.crashed, f"{name}: {dry.message}"
+    assert real.error_type is not None, (name, real)
+    assert (dry.error_type, _without_addresses(dry.message)) == \
+        (real.error_type, _without_addresses(real.message))
+
+
+def test_a_call_that_hangs_fails_fast_and_the_next_one_runs():
+    outcome = run_isolated(functools.partial(time.sleep, 60), timeout=1)
+    assert outcome.crashed
+    assert "sleep(60) did not finish within 1 s" in outcome.message
+    started = time.monotonic()
+    outcome = run_isolated(functools.partial(run_case, "expand_factor_zero"), timeout=30)
+    assert outcome.error_type == "ValueError", outcome
+    assert time.monotonic() - started < 30
 
 
 def test_a_bad_descriptor_stops_the_whole_batch_before_any_copy():

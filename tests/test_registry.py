@@ -122,3 +122,15 @@ def test_pinning_host_memory_needs_an_accelerator_engine():
     if not torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_host_register", "CUDA"):
         with pytest.raises(NotImplementedError, match="no engine for cuda:0"):
             torch.ops.kvswap._host_register(torch.zeros(16, dtype=torch.uint8), torch.device("cuda", 0), True)
+
+
+def test_an_engine_that_fails_to_load_is_recorded_and_the_import_goes_on(monkeypatch):
+    # A broken engine extension leaves the host engine usable and says why.
+    from torch_kvswap import _loader
+
+    monkeypatch.setattr(_loader, "ENGINE_ERRORS", {})
+    with pytest.warns(RuntimeWarning, match=r"torch_kvswap: json could not be loaded"):
+        assert _loader._load_optional("json", "kvswap_no_such_prerequisite") is False
+    assert "ModuleNotFoundError" in _loader.ENGINE_ERRORS["json"]
+    assert _loader._load_optional("kvswap_no_such_engine", None) is False  # not built: no error
+    assert "kvswap_no_such_engine" not in _loader.ENGINE_ERRORS

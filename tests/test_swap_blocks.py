@@ -62,10 +62,13 @@ def test_writes_into_strided_destinations(layout):
     dst = dict(layouts(16, torch.float16, seed=2))[layout]
     src = [random_cache(t.shape, torch.float16, seed=40 + i) for i, t in enumerate(dst)]
     before = [t.clone() for t in dst]
+    # Scattered ids, then runs that advance by one on both sides.
     torch_kvswap.swap_blocks(src, dst, ids([1, 2, 3]), ids([9, 4, 0]))
+    torch_kvswap.swap_blocks(src, dst, ids([5, 6, 7]), ids([11, 12, 13]))
     for s, d, b in zip(src, dst, before):
         want = b.clone()
         want[[9, 4, 0]] = s[[1, 2, 3]]
+        want[[11, 12, 13]] = s[[5, 6, 7]]
         assert torch.equal(d, want)
 
 
@@ -76,6 +79,28 @@ def test_leaves_other_blocks_untouched():
     mask = torch.ones(8, dtype=torch.bool)
     mask[5] = False
     assert torch.equal(dst[0][mask], torch.full((7, 16), -1.0))
+
+
+def test_the_last_block_is_in_range_on_both_sides():
+    # id == num_blocks - 1 is the last valid id (num_blocks itself is refused:
+    # tests/malformed_cases.py, *_equal_to_num_blocks*), for every tensor of
+    # a list, including one with fewer blocks than the others.
+    src = [random_cache((8, 4), torch.float32, 11), random_cache((5, 4), torch.float32, 12)]
+    dst = [torch.zeros(6, 4), torch.zeros(3, 4)]
+    expected = swap_blocks_ref(src, dst, ids([4, 0]), ids([2, 0]))
+    torch_kvswap.swap_blocks(src, dst, ids([4, 0]), ids([2, 0]))
+    for got, want in zip(dst, expected):
+        assert torch.equal(got, want)
+    assert plan(src, dst, ids([4]), ids([2]))[2] == [16, 16]
+
+
+def test_neighbouring_caches_in_one_buffer_are_distinct_memory():
+    # buf[:8] ends where buf[8:] begins: touching, not overlapping.
+    buf = random_cache((16, 4), torch.float32, 13)
+    want = buf.clone()
+    want[8 + 5] = buf[2]
+    torch_kvswap.swap_blocks([buf[:8]], [buf[8:]], ids([2]), ids([5]))
+    assert torch.equal(buf, want)
 
 
 def test_same_cache_copy_between_distinct_blocks():
@@ -92,8 +117,8 @@ def test_empty_id_lists_copy_nothing():
     assert torch.equal(dst[0], torch.zeros(4, 4))
 
 
-def test_empty_cache_lists_are_a_no_op():
-    torch_kvswap.swap_blocks([], [], ids([0, 1]), ids([1, 0]))
+# Calls with nothing to copy (no ids, no caches, zero-byte blocks) reach no
+# engine: tests/test_fake_device.py::test_calls_with_nothing_to_copy_*.
 
 
 def test_non_contiguous_id_tensors():
@@ -140,6 +165,9 @@ def test_strided_caches_get_one_descriptor_per_block():
     got = plan([stacked[:, 1]], [dst], ids([0, 1]), ids([0, 1]))
     base = stacked.data_ptr() + 16
     assert got == [[base, base + 32], [dst.data_ptr(), dst.data_ptr() + 16], [16, 16]]
+    # The same with the strided cache as the destination.
+    got = plan([dst], [stacked[:, 1]], ids([0, 1]), ids([0, 1]))
+    assert got == [[dst.data_ptr(), dst.data_ptr() + 16], [base, base + 32], [16, 16]]
 
 
 @settings(max_examples=50, deadline=None)
@@ -175,6 +203,7 @@ def test_calls_from_several_threads_at_once_are_all_exact(mode, monkeypatch):
     """Offload handlers copy from worker threads; each call gets torch's
     intra-op threads of its own calling thread, and none disturbs another."""
     import threading
+    import time
 
     monkeypatch.setenv("KVSWAP_HOST_COPY", mode)
     jobs = []
@@ -192,12 +221,16 @@ def test_calls_from_several_threads_at_once_are_all_exact(mode, monkeypatch):
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=job) for job in jobs]
+    threads = [threading.Thread(target=run, args=job, name=f"copier-{j}", daemon=True)
+               for j, job in enumerate(jobs)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 30  # 20 copies of 6 MiB: well under a second
     for t in threads:
-        t.join(timeout=120)
-    assert not errors and not any(t.is_alive() for t in threads)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    hung = [t.name for t in threads if t.is_alive()]
+    assert not hung, f"{hung} still inside swap_blocks after 30 s (5 calls of 6 MiB each)"
+    assert not errors, errors
     for src, dst, perm in jobs:
         for s, d in zip(src, dst):
             expected = torch.empty_like(s)
@@ -205,41 +238,68 @@ def test_calls_from_several_threads_at_once_are_all_exact(mode, monkeypatch):
             assert torch.equal(d, expected)
 
 
-def test_host_engine_works_in_a_forked_child():
+def test_host_engine_works_in_a_forked_child(capfd):
     """Data-loader style workers fork after the copy threads ran; the child still copies.
 
     The engine copies on torch's OpenMP threads, which do not survive fork():
     in a forked child it copies on the calling thread instead of hanging. The
-    child runs only the op and numpy: torch's own OpenMP kernels hang there
-    once the parent has used them, which is torch's limit, not ours.
+    child first asks the engine how it would copy (and exits at once if the
+    answer is "on the threads"), then copies under a 10 s watchdog that prints
+    where it hung. It runs only the op and numpy: torch's own OpenMP kernels
+    hang there once the parent has used them, which is torch's limit, not ours.
     """
     import os
-    import time
-
-    import numpy as np
 
     src = [random_cache((64, 32768), torch.uint8, 10)]  # 2 MiB: split across the threads
     dst = [torch.zeros(64, 32768, dtype=torch.uint8)]
     out = [torch.zeros(64, 32768, dtype=torch.uint8)]
     fwd, rev = torch.arange(64), torch.arange(64).flip(0)
-    torch_kvswap.swap_blocks(src, dst, fwd, rev)  # starts the OpenMP threads in the parent
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        assert torch.ops.kvswap._host_copy_plan(2 << 20)[1] > 1  # the parent splits 2 MiB
+        torch_kvswap.swap_blocks(src, dst, fwd, rev)  # starts the OpenMP threads in the parent
+        status = _run_in_forked_child(src, out, fwd, capfd)
+    finally:
+        torch.set_num_threads(threads)
+    assert os.WIFEXITED(status), f"the forked child was killed by signal {os.WTERMSIG(status)}"
+    assert os.WEXITSTATUS(status) == 0, {
+        1: "the forked child hung in swap_blocks for 10 s (traceback below)",
+        2: "the forked child copied the wrong bytes",
+        3: "in the forked child the engine would still copy on the OpenMP threads",
+    }.get(os.WEXITSTATUS(status), f"exit code {os.WEXITSTATUS(status)}") + "\n" + capfd.readouterr().err
+    assert torch.equal(dst[0], src[0].flip(0))
+
+
+def _run_in_forked_child(src, out, ids, capfd) -> int:
+    """Copies src into out in a forked child; returns its wait status."""
+    import faulthandler
+    import os
+    import time
+
+    import numpy as np
+
     pid = os.fork()
     if pid == 0:  # child
-        ok = False
+        code = 1
         try:
-            torch_kvswap.swap_blocks(src, out, fwd, fwd)
-            ok = bool(np.array_equal(out[0].numpy(), src[0].numpy()))
+            if torch.ops.kvswap._host_copy_plan(2 << 20)[1] != 1:
+                os.write(2, b"forked child: the engine would copy on the OpenMP threads\n")
+                code = 3
+            else:
+                faulthandler.dump_traceback_later(10, exit=True)
+                torch_kvswap.swap_blocks(src, out, ids, ids)
+                code = 0 if np.array_equal(out[0].numpy(), src[0].numpy()) else 2
         finally:
-            os._exit(0 if ok else 1)
-    deadline = time.monotonic() + 60
+            os._exit(code)
+    deadline = time.monotonic() + 20
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            break
+            return status
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            raise AssertionError("the forked child hung")
-        time.sleep(0.05)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    assert torch.equal(dst[0], src[0].flip(0))
+            raise AssertionError("the forked child hung for 20 s in swap_blocks; stderr: "
+                                 + capfd.readouterr().err)
+        time.sleep(0.01)

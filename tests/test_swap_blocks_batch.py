@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import platform
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import torch_kvswap
@@ -38,13 +40,14 @@ def test_direction_codes_are_the_reference_values():
         torch.ops.kvswap._direction_name(3)
 
 
-@pytest.mark.parametrize("direction", list(Direction))
-def test_copies_each_descriptor(direction):
+# The host engine copies the same way in every direction; the direction code
+# an engine receives is checked in test_fake_device.py.
+def test_copies_each_descriptor():
     src = arena(4096, seed=1)
     dst = torch.zeros(4096, dtype=torch.uint8)
     s, d = src.data_ptr(), dst.data_ptr()
     sp, dp, sz = descriptors([s + 100, s + 2000, s], [d + 3000, d + 7, d + 1000], [50, 700, 1])
-    torch_kvswap.swap_blocks_batch(sp, dp, sz, direction)
+    torch_kvswap.swap_blocks_batch(sp, dp, sz, Direction.DEVICE_TO_HOST)
     expected = torch.zeros(4096, dtype=torch.uint8)
     expected[3000:3050] = src[100:150]
     expected[7:707] = src[2000:2700]
@@ -68,9 +71,18 @@ def test_reference_call_shape_from_numpy_is_accepted():
         assert torch.equal(dst[b * block:(b + 1) * block], src[a * block:(a + 1) * block])
 
 
-def test_zero_descriptors_is_a_no_op():
-    empty = torch.empty(0, dtype=torch.int64)
-    OP(empty, empty, empty, 0)  # returns without touching any engine
+def test_source_and_destination_may_touch_without_overlapping():
+    # [a, a+64) -> [a+64, a+128): adjacent ranges are legal, one byte more is not.
+    buf = arena(192, seed=12)
+    want = buf.clone()
+    want[64:128] = buf[:64]
+    a = buf.data_ptr()
+    OP(*descriptors([a], [a + 64], [64]), 0)
+    assert torch.equal(buf, want)
+    OP(*descriptors([a + 128], [a + 64], [64]), 0)
+    assert torch.equal(buf[64:128], want[128:192])
+    with pytest.raises(ValueError, match="overlap"):
+        OP(*descriptors([a], [a + 63], [64]), 0)
 
 
 def test_zero_byte_descriptors_are_skipped_even_with_null_addresses():
@@ -173,9 +185,8 @@ def test_large_unsorted_descriptors_copy_exactly(mode, monkeypatch):
 @given(
     blocks=st.lists(st.tuples(st.integers(0, 63), st.integers(0, 63), st.integers(0, 64)),
                     max_size=40),
-    direction=st.sampled_from(list(Direction)),
 )
-def test_matches_a_byte_by_byte_reference(blocks, direction):
+def test_matches_a_byte_by_byte_reference(blocks):
     """Random descriptors over two arenas (no destination written twice)."""
     unit = 64
     src = arena(64 * unit, seed=len(blocks))
@@ -192,8 +203,33 @@ def test_matches_a_byte_by_byte_reference(blocks, direction):
     sp, dp, sz = descriptors([src.data_ptr() + c[0] for c in chosen] or [],
                              [dst.data_ptr() + c[1] for c in chosen] or [],
                              [c[2] for c in chosen] or [])
-    OP(sp, dp, sz, int(direction))
+    OP(sp, dp, sz, Direction.HOST_TO_DEVICE)
     assert dst.numpy().tobytes() == bytes(expected)
+
+
+@contextlib.contextmanager
+def threads(n: int):
+    """torch's intra-op thread count (the engine's copy threads), for a block of code."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def host_copy(mode: str):
+    """KVSWAP_HOST_COPY for a block of code (read by the engine on every call)."""
+    before = os.environ.get("KVSWAP_HOST_COPY")
+    os.environ["KVSWAP_HOST_COPY"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["KVSWAP_HOST_COPY"]
+        else:
+            os.environ["KVSWAP_HOST_COPY"] = before
 
 
 @pytest.fixture
@@ -202,6 +238,52 @@ def intra_op_threads():
     before = torch.get_num_threads()
     yield torch.set_num_threads
     torch.set_num_threads(before)
+
+
+def cpu_has_avx2() -> bool:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    with open("/proc/cpuinfo") as f:
+        return " avx2" in f.read()
+
+
+PLAN = torch.ops.kvswap._host_copy_plan
+MIB = 1 << 20
+
+
+def test_auto_streams_from_16_mib_on():
+    # Streaming stores from 16 MiB per batch (where AVX2 exists); ordinary
+    # stores below, so a small batch's destination stays in cache.
+    with host_copy("auto"):
+        assert PLAN(16 * MIB - 1)[0] == "memcpy"
+        assert PLAN(16 * MIB)[0] == ("stream" if cpu_has_avx2() else "memcpy")
+        assert PLAN(1 << 40)[0] == ("stream" if cpu_has_avx2() else "memcpy")
+        assert PLAN(0)[0] == "memcpy"
+
+
+@pytest.mark.parametrize("mode", ["memcpy", "prefetch", "stream", "parallel_for"])
+def test_a_forced_copy_routine_is_used_at_every_size(mode):
+    expected = "memcpy" if mode == "stream" and not cpu_has_avx2() else mode
+    with host_copy(mode):
+        assert PLAN(100)[0] == PLAN(64 * MIB)[0] == expected
+
+
+def test_an_unknown_copy_routine_means_auto():
+    with host_copy("fastest"):
+        assert PLAN(100)[0] == "memcpy"
+
+
+def test_batches_from_1_mib_on_are_split_across_the_threads():
+    # One part per half MiB at most, one per intra-op thread at most; under
+    # 1 MiB the calling thread copies alone.
+    with host_copy("memcpy"), threads(3):
+        assert PLAN(MIB - 1)[1] == 1
+        assert PLAN(MIB)[1] == 2
+        assert PLAN(3 * MIB // 2 - 1)[1] == 2
+        assert PLAN(3 * MIB // 2)[1] == 3
+        assert PLAN(1 << 40)[1] == 3
+    with host_copy("memcpy"), threads(1):
+        assert PLAN(1 << 40)[1] == 1
 
 
 @pytest.mark.parametrize("mode", HOST_COPY_MODES)
@@ -240,24 +322,36 @@ def scattered_copy_case(sizes, slot, misalign, rng):
     return src, dst, cols, expected
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
-    pieces=st.lists(st.tuples(st.integers(0, 900), st.integers(0, 63)), min_size=1, max_size=24),
+    data=st.data(),
     mode=st.sampled_from(HOST_COPY_MODES),
+    large=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_every_copy_routine_handles_any_size_and_alignment(pieces, mode, seed):
+def test_every_copy_routine_handles_any_size_and_alignment(data, mode, large, seed):
     # Streaming copies work on 32-byte-aligned destinations, 128 bytes of
     # several descriptors in turn: heads, tails and unequal sizes must come out
-    # exact whatever the alignment of either side.
+    # exact whatever the alignment of either side. Large examples (over 1 MiB)
+    # are split across three threads, cutting descriptors; KVSWAP_HOST_COPY
+    # reaches each routine (stream included) at any size.
+    if large:
+        pieces = data.draw(st.lists(st.tuples(st.integers(40_000, 80_000), st.integers(0, 63)),
+                                    min_size=28, max_size=40), label="pieces")
+    else:
+        pieces = data.draw(st.lists(st.tuples(st.integers(0, 900), st.integers(0, 63)),
+                                    min_size=1, max_size=24), label="pieces")
     sizes = [z for z, _ in pieces]
-    src, dst, cols, expected = scattered_copy_case(sizes, 1024, [m for _, m in pieces],
+    src, dst, cols, expected = scattered_copy_case(sizes, max(sizes) + 64, [m for _, m in pieces],
                                                    np.random.default_rng(seed))
-    os.environ["KVSWAP_HOST_COPY"] = mode
-    try:
+    event(f"{mode}, {'split across threads' if large else 'one part'}")
+    with host_copy(mode), threads(3):
+        routine, parts = PLAN(sum(sizes))
+        assert routine == ("memcpy" if mode == "auto" or (mode == "stream" and not cpu_has_avx2())
+                           else mode)
+        if mode != "parallel_for":  # that one splits by descriptor, at any size
+            assert (parts > 1) == large, "the example does not reach the path it was drawn for"
         OP(*cols, 0)
-    finally:
-        del os.environ["KVSWAP_HOST_COPY"]
     assert np.array_equal(dst.numpy(), expected)
 
 

@@ -232,8 +232,17 @@ def run_sizes(args, device: torch.device) -> list[Row]:
             # Rotate the order too, so no method always follows the same one.
             for m in methods[r % len(methods):] + methods[:r % len(methods)]:
                 times[kib, m].append(timer(fns[m]))
+    return summarize([(kib, total) for kib, total, _ in cases], methods, times)
+
+
+def summarize(sizes: list[tuple[float, int]], methods: list[str],
+              times: dict[tuple[float, str], list[float]]) -> list[Row]:
+    """Rows from the timings: ``times[kib, method]`` holds one time per
+    repetition, in repetition order, for each ``(kib, total bytes)`` of
+    ``sizes``; ``methods`` includes ``contiguous``. Checked on made-up times
+    by tests/test_demo_and_bench.py::test_ratios_are_paired_per_repetition."""
     rows: list[Row] = []
-    for kib, total, _ in cases:
+    for kib, total in sizes:
         for m in methods:
             t = times[kib, m]
             med = statistics.median(t)

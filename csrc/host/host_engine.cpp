@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -257,8 +258,31 @@ void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t 
   }
 }
 
+// The routine `mode` resolves to for a batch of `total_bytes` bytes: `auto`
+// streams batches of kStreamThreshold bytes and more where AVX2 exists
+// (tests/test_swap_blocks_batch.py::test_auto_streams_from_16_mib_on), and
+// `stream` falls back to memcpy without AVX2.
+CopyMode resolve_mode(CopyMode mode, int64_t total_bytes) {
+  if (mode == CopyMode::kAuto) {
+    return (cpu_has_avx2() && total_bytes >= kStreamThreshold) ? CopyMode::kStream
+                                                               : CopyMode::kMemcpy;
+  }
+  if (mode == CopyMode::kStream && !cpu_has_avx2()) return CopyMode::kMemcpy;
+  return mode;
+}
+
+// How many byte ranges a batch is split into for the intra-op threads: at
+// most one per thread and one per half kParallelThreshold; 1 (the calling
+// thread alone) below kParallelThreshold and in a forked child
+// (tests/test_swap_blocks_batch.py::test_batches_from_1_mib_on_are_split_across_the_threads).
+int split_parts(int64_t total_bytes) {
+  if (total_bytes < kParallelThreshold || !threads_usable()) return 1;
+  return static_cast<int>(
+      std::min<int64_t>(at::get_num_threads(), total_bytes / (kParallelThreshold / 2)));
+}
+
 void copy_batch(const CopyBatch& b) {
-  CopyMode mode = configured_mode();
+  const CopyMode mode = resolve_mode(configured_mode(), b.total_bytes);
   if (mode == CopyMode::kParallelFor) {
     // The textbook loop, kept as the measured baseline: one descriptor per
     // iteration, split by count.
@@ -269,15 +293,7 @@ void copy_batch(const CopyBatch& b) {
     });
     return;
   }
-  if (mode == CopyMode::kAuto) {
-    mode = (cpu_has_avx2() && b.total_bytes >= kStreamThreshold) ? CopyMode::kStream
-                                                                  : CopyMode::kMemcpy;
-  } else if (mode == CopyMode::kStream && !cpu_has_avx2()) {
-    mode = CopyMode::kMemcpy;
-  }
-  const int parts =
-      b.total_bytes < kParallelThreshold ? 1 : static_cast<int>(std::min<int64_t>(
-                                                   at::get_num_threads(), b.total_bytes / (kParallelThreshold / 2)));
+  const int parts = split_parts(b.total_bytes);
   if (parts <= 1) {
     copy_byte_range(b, 0, 0, b.total_bytes, mode);
     return;
@@ -301,6 +317,30 @@ void copy_batch(const CopyBatch& b) {
   });
 }
 
+const char* mode_name(CopyMode mode) {
+  switch (mode) {
+    case CopyMode::kParallelFor:
+      return "parallel_for";
+    case CopyMode::kPrefetch:
+      return "prefetch";
+    case CopyMode::kStream:
+      return "stream";
+    default:
+      return "memcpy";
+  }
+}
+
+// kvswap::_host_copy_plan: what copy_batch would do with a batch of
+// `total_bytes` bytes from this thread now. For tests.
+std::tuple<std::string, int64_t> host_copy_plan(int64_t total_bytes) {
+  TORCH_CHECK_VALUE(total_bytes >= 0, "total_bytes must be >= 0, got ", total_bytes);
+  const CopyMode mode = resolve_mode(configured_mode(), total_bytes);
+  if (mode == CopyMode::kParallelFor) {
+    return {mode_name(mode), threads_usable() ? at::get_num_threads() : 1};
+  }
+  return {mode_name(mode), split_parts(total_bytes)};
+}
+
 void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
                  int64_t direction, int64_t total_bytes, c10::Device device) {
   TORCH_CHECK(device.is_cpu(), "host engine asked to copy on ", device);
@@ -312,4 +352,8 @@ void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
 
 TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
   m.impl("_submit", &kvswap::submit_host);
+}
+
+TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
+  m.impl("_host_copy_plan", &kvswap::host_copy_plan);
 }

@@ -1,0 +1,358 @@
+"""Mutation check: every curated bug in scripts/mutants/ must fail a test.
+
+Each mutant replaces one exact snippet of one product file (``find``, which
+must occur exactly once there) with a broken version (``replace``). The check
+copies the working tree (tracked and untracked, non-ignored files) into a work
+directory, applies the mutants one at a time to that copy, rebuilds the
+extension incrementally when the mutant is in C++, runs the mutant's tests
+(``pytest -x -q``) and reports which test killed it. The real tree is never
+modified.
+
+Mutants are data: every ``scripts/mutants/*.py`` (not starting with ``_``)
+defines ``MUTANTS = [dict(name=..., file=..., find=..., replace=..., tests=[...],
+why=...)]``; ``tests`` are pytest paths or node ids relative to the repository
+root, ``why`` says in one line what the bug breaks. Optional: ``timeout``
+(seconds for its tests; default --timeout).
+
+Exit status: 0 when every selected mutant was killed; 1 when one survived,
+did not build, or its tests could not run; 2 when a mutant is malformed or
+stale (its ``find`` is missing or not unique, a test path is missing) or the
+tests fail without any mutant.
+
+Run it with ``bash scripts/mutation_check.sh`` (sets up .venv first), or
+``.venv/bin/python scripts/mutation_check.py [--fast] [--only NAME] [--list]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTANTS_DIR = ROOT / "scripts" / "mutants"
+REQUIRED = ("name", "file", "find", "replace", "tests", "why")
+BUILD_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
+
+
+@dataclass
+class Mutant:
+    name: str
+    file: str
+    find: str
+    replace: str
+    tests: list[str]
+    why: str
+    source: str  # which scripts/mutants/ file defines it
+    timeout: float | None = None
+
+    @property
+    def needs_build(self) -> bool:
+        return self.file.endswith(BUILD_SUFFIXES)
+
+
+@dataclass
+class Result:
+    mutant: Mutant
+    status: str  # killed | survived | build-failed | error
+    detail: str = ""
+    seconds: float = 0.0
+    log: str = field(default="", repr=False)
+
+
+def load_mutants(directory: Path = MUTANTS_DIR) -> tuple[list[Mutant], list[str]]:
+    """Every mutant of every scripts/mutants/*.py, and the problems found loading them."""
+    mutants: list[Mutant] = []
+    problems: list[str] = []
+    seen: dict[str, str] = {}
+    for path in sorted(directory.glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        spec = importlib.util.spec_from_file_location(f"kvswap_mutants_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal to the others
+            problems.append(f"{path.name}: cannot be loaded: {type(exc).__name__}: {exc}")
+            continue
+        entries = getattr(module, "MUTANTS", None)
+        if not isinstance(entries, list):
+            problems.append(f"{path.name}: defines no MUTANTS list")
+            continue
+        for i, entry in enumerate(entries):
+            where = f"{path.name}: MUTANTS[{i}]"
+            if not isinstance(entry, dict):
+                problems.append(f"{where}: not a dict")
+                continue
+            missing = [k for k in REQUIRED if k not in entry or (k != "replace" and not entry[k])]
+            unknown = sorted(set(entry) - set(REQUIRED) - {"timeout"})
+            if missing or unknown:
+                problems.append(f"{where} ({entry.get('name', '?')}): missing {missing}, unknown {unknown}")
+                continue
+            name = entry["name"]
+            if name in seen:
+                problems.append(f"{where}: name {name!r} is also used in {seen[name]}")
+                continue
+            seen[name] = path.name
+            tests = entry["tests"]
+            if isinstance(tests, str) or not all(isinstance(t, str) for t in tests):
+                problems.append(f"{where} ({name}): tests must be a list of strings")
+                continue
+            mutants.append(Mutant(name=name, file=entry["file"], find=entry["find"],
+                                  replace=entry["replace"], tests=list(tests), why=entry["why"],
+                                  source=path.name, timeout=entry.get("timeout")))
+    return mutants, problems
+
+
+def check_against_tree(mutants: list[Mutant], tree: Path) -> list[str]:
+    """Stale mutants: a `find` that is missing or not unique, a no-op, a missing test file."""
+    problems = []
+    for m in mutants:
+        path = tree / m.file
+        if not path.is_file():
+            problems.append(f"{m.name}: {m.file} does not exist")
+            continue
+        count = path.read_text().count(m.find)
+        if count != 1:
+            problems.append(f"{m.name}: its find snippet occurs {count} times in {m.file} "
+                            "(must be exactly once); update the mutant")
+        if m.find == m.replace:
+            problems.append(f"{m.name}: replace is the same as find")
+        for test in m.tests:
+            if not (tree / test.split("::")[0]).exists():
+                problems.append(f"{m.name}: test {test} does not exist")
+    return problems
+
+
+def tree_files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=root, check=True, capture_output=True).stdout.decode()
+    return sorted({f for f in out.split("\0") if f and (root / f).is_file()})
+
+
+def sync_tree(root: Path, work: Path) -> None:
+    """Makes `work` hold the working tree's files. Unchanged files keep their
+    modification time, so the build in `work` stays incremental."""
+    work.mkdir(parents=True, exist_ok=True)
+    manifest = work / ".mutation-manifest"
+    previous = set(manifest.read_text().split("\n")) if manifest.exists() else set()
+    files = tree_files(root)
+    for rel in files:
+        src, dst = root / rel, work / rel
+        data = src.read_bytes()
+        if not dst.is_file() or dst.read_bytes() != data:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+        shutil.copymode(src, dst)
+    for rel in previous - set(files):
+        if rel and (work / rel).is_file():
+            (work / rel).unlink()
+    manifest.write_text("\n".join(files))
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int | str, str]:
+    """Runs cmd in its own process group; returns (exit code, or "timeout"),
+    and its output. On a timeout the whole group is killed (pytest and the
+    children it forked)."""
+    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace", start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return "timeout", out
+        return proc.returncode, out
+
+
+def build(work: Path, env: dict[str, str]) -> tuple[bool, str]:
+    code, out = run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], work, env, 1800)
+    return code == 0, out
+
+
+def pytest_cmd(tests: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+
+
+_FIRST_FAILURE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
+# pytest's faulthandler prints the crashed thread's stack, innermost first.
+_CRASH_FRAME = re.compile(r'File "(?:.*/)?(tests/test_\w+\.py)", line \d+ in (test_\w+)')
+
+
+def verdict(code: int | str, out: str, timeout: float) -> tuple[str, str]:
+    """(status, detail) of one mutant's test run."""
+    if code == "timeout":
+        return "killed", f"timeout: the tests did not finish within {timeout:g} s"
+    first = _FIRST_FAILURE.search(out)
+    if code == 0:
+        return "survived", "every test passed"
+    if code in (1, 2) and first:
+        return "killed", first.group(2)
+    if isinstance(code, int) and code < 0:
+        if first:  # failed, then crashed (e.g. heap corruption found at exit)
+            return "killed", f"{first.group(2)} (then pytest died of signal {-code})"
+        frame = _CRASH_FRAME.search(out)
+        where = f" in {frame.group(1)}::{frame.group(2)}" if frame else ""
+        return "killed", f"crash: pytest died of signal {-code}{where}"
+    if code in (4, 5):
+        return "error", f"pytest could not run the tests (exit code {code})"
+    return "killed", f"pytest exit code {code}" + (f", {first.group(2)}" if first else "")
+
+
+def test_env(work: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # The copy's package first, ahead of the editable install of the real tree.
+    env["PYTHONPATH"] = str(work) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("KVSWAP_HYPOTHESIS_RANDOM", None)  # the deterministic examples only
+    env.pop("KVSWAP_HOST_COPY", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def prepare_extension(work: Path, env: dict[str, str], need_build: bool) -> None:
+    """Builds the copy's extension, or for Python-only runs copies the real
+    tree's build of the same sources (setup already built it)."""
+    if not need_build:
+        built = sorted((ROOT / "torch_kvswap").glob("_C*.so"))
+        if built:
+            for so in built:
+                target = work / "torch_kvswap" / so.name
+                if not target.exists() or target.read_bytes() != so.read_bytes():
+                    shutil.copyfile(so, target)
+            return
+    print("[mutation] building the work copy (incremental)", flush=True)
+    ok, out = build(work, env)
+    if not ok:
+        print(out[-6000:])
+        raise SystemExit("[mutation] the unmutated copy does not build")
+
+
+def check_copy_is_imported(work: Path, env: dict[str, str]) -> None:
+    code, out = run([sys.executable, "-c", "import torch_kvswap; print(torch_kvswap.__file__)"],
+                    work, env, 300)
+    lines = out.strip().splitlines()
+    if code != 0 or not lines or not Path(lines[-1]).resolve().is_relative_to(work.resolve()):
+        raise SystemExit(f"[mutation] the tests would not import the work copy of torch_kvswap:\n{out}")
+
+
+def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float) -> Result:
+    path = work / m.file
+    original = path.read_text()
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(m.find, m.replace, 1))
+        if m.needs_build:
+            ok, out = build(work, env)
+            if not ok:
+                return Result(m, "build-failed", "the mutant does not compile; fix the mutant",
+                              time.monotonic() - started, out)
+        limit = m.timeout or timeout
+        code, out = run(pytest_cmd(m.tests), work, env, limit)
+        status, detail = verdict(code, out, limit)
+        return Result(m, status, detail, time.monotonic() - started, out)
+    finally:
+        path.write_text(original)
+
+
+def markdown(results: list[Result]) -> str:
+    lines = ["| mutant | file | what it breaks | killed by | s |", "|---|---|---|---|---|"]
+    for r in results:
+        detail = r.detail if r.status == "killed" else f"**{r.status}**: {r.detail}"
+        lines.append(f"| `{r.mutant.name}` | `{r.mutant.file}` | {r.mutant.why} | `{detail}` | "
+                     f"{r.seconds:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="run only this mutant (repeatable, or comma-separated)")
+    p.add_argument("--fast", action="store_true",
+                   help="only the mutants of Python files (no rebuild): the CI subset")
+    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests")
+    p.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation-tree",
+                   help="where the copy lives (kept between runs for incremental builds)")
+    p.add_argument("--markdown", type=Path, help="also write the results as a markdown table here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    mutants, problems = load_mutants()
+    only = {n for item in args.only for n in item.split(",") if n}
+    unknown = only - {m.name for m in mutants}
+    if unknown:
+        problems.append(f"--only: no mutant named {sorted(unknown)}")
+    selected = [m for m in mutants if (not only or m.name in only) and (not args.fast or not m.needs_build)]
+    if args.list:
+        for m in selected:
+            print(f"{m.name}  [{m.source}]  {m.file}\n    {m.why}\n    tests: {' '.join(m.tests)}")
+        print(f"{len(selected)} mutants" + (f"; problems: {problems}" if problems else ""))
+        return 2 if problems else 0
+    # Every mutant, selected or not: a stale one fails even the fast CI run.
+    problems += check_against_tree(mutants, ROOT)
+    if problems:
+        print("[mutation] malformed or stale mutants:\n  " + "\n  ".join(problems))
+        return 2
+    if not selected:
+        print("[mutation] no mutant selected")
+        return 2
+    work = args.workdir.resolve()
+    print(f"[mutation] {len(selected)} mutants from {MUTANTS_DIR.relative_to(ROOT)}/; copy in {work}",
+          flush=True)
+    sync_tree(ROOT, work)
+    env = test_env(work)
+    need_build = any(m.needs_build for m in selected)
+    prepare_extension(work, env, need_build)
+    check_copy_is_imported(work, env)
+
+    tests = sorted({t for m in selected for t in m.tests})
+    print(f"[mutation] baseline: the {len(tests)} test paths pass without a mutant", flush=True)
+    code, out = run(pytest_cmd(tests), work, env, args.timeout * 2)
+    if code != 0:
+        print(out[-8000:])
+        print("[mutation] the tests fail without any mutant; nothing can be judged")
+        return 2
+
+    # Python-only mutants first, on the unmutated build; then the C++ ones,
+    # grouped by file so that consecutive rebuilds recompile the same object.
+    order = sorted(selected, key=lambda m: (m.needs_build, m.file if m.needs_build else ""))
+    results: list[Result] = []
+    for i, m in enumerate(order, 1):
+        r = run_mutant(m, work, env, args.timeout)
+        results.append(r)
+        print(f"[{i}/{len(order)}] {r.status:<12} {m.name}  ({r.seconds:.1f} s)\n"
+              f"    breaks: {m.why}\n    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
+              flush=True)
+        if r.status in ("build-failed", "error"):
+            print("    " + "\n    ".join(r.log[-3000:].splitlines()))
+    if need_build:
+        print("[mutation] rebuilding the restored copy", flush=True)
+        build(work, env)
+
+    bad = [r for r in results if r.status != "killed"]
+    total = time.monotonic() - started
+    print(f"\n[mutation] {len(results) - len(bad)} of {len(results)} mutants killed, "
+          f"{sum(r.status == 'survived' for r in results)} survived, "
+          f"{sum(r.status in ('build-failed', 'error') for r in results)} could not be judged; "
+          f"{total:.0f} s ({total / 60:.1f} min)")
+    for r in bad:
+        print(f"    {r.status}: {r.mutant.name} ({r.mutant.file}): {r.mutant.why}")
+    if args.markdown:
+        args.markdown.write_text(markdown(results) + f"\n{len(results) - len(bad)} of {len(results)} "
+                                 f"killed in {total:.0f} s.\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

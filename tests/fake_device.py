@@ -1,0 +1,155 @@
+"""A stand-in accelerator and a recording engine, for tests on any machine.
+
+``on_fake_device(t)`` returns a tensor on ``privateuseone:N`` (the dispatch key
+PrivateUse1, the one the Ascend engine serves) whose memory is ``t``'s host
+memory: the core routes a call with such tensors exactly as it routes an
+accelerator's, and no kvswap engine serves that key unless a test registers
+one. Only the kvswap ops are called on these tensors; any other op on them
+fails (no kernels), which is fine for what they are for.
+
+``engine_spy(key)`` registers, for the duration of a ``with`` block, a Python
+kernel of ``kvswap::_submit`` under ``key`` ("CPU" stands in for the host
+engine, "PrivateUse1" adds an engine for the stand-in device). It records
+every call (descriptors, direction code, device) and, unless told not to,
+performs the copies with ``memmove``, so a test sees both what the core
+handed an engine and the bytes that result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import types
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import torch_kvswap
+
+# --- the stand-in device ------------------------------------------------------
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
+_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                             ("deleter", _DELETER)]
+
+_KDL_EXT_DEV = 12  # DLPack's "extension device": torch maps it to PrivateUse1
+_DL_INT, _DL_UINT, _DL_FLOAT = 0, 1, 2
+_alive: dict[int, tuple] = {}  # what each handed-out tensor's memory depends on
+
+
+@_DELETER
+def _release(managed) -> None:
+    _alive.pop(ctypes.addressof(managed.contents), None)
+
+
+def fake_device_or_skip() -> None:
+    """Makes privateuseone usable as a stand-in device, or skips the test."""
+    if torch._C._get_privateuse1_backend_name() != "privateuseone":
+        pytest.skip("a real PrivateUse1 backend is registered "
+                    f"({torch._C._get_privateuse1_backend_name()}); no stand-in device")
+    if torch_kvswap.ENGINES["npu"]:
+        pytest.skip("the Ascend engine serves PrivateUse1; no stand-in device")
+    if not hasattr(torch, "privateuseone"):
+        # Creating a tensor on a device initializes its Python module first.
+        module = types.ModuleType("torch.privateuseone")
+        module._lazy_init = lambda: None
+        module.is_available = lambda: True
+        module.is_initialized = lambda: True
+        module.device_count = lambda: 2
+        module.current_device = lambda: 0
+        module._is_in_bad_fork = lambda: False  # torch.manual_seed asks every device module
+        module.manual_seed_all = lambda seed: None
+        torch._register_device_module("privateuseone", module)
+
+
+def on_fake_device(host: torch.Tensor, index: int = 0) -> torch.Tensor:
+    """A ``privateuseone:index`` tensor over ``host``'s memory (same shape and strides)."""
+    fake_device_or_skip()
+    code = _DL_FLOAT if host.is_floating_point() else (_DL_INT if host.dtype.is_signed else _DL_UINT)
+    shape = (ctypes.c_int64 * host.dim())(*host.shape)
+    strides = (ctypes.c_int64 * host.dim())(*host.stride())
+    managed = _DLManagedTensor()
+    managed.dl_tensor.data = host.data_ptr()
+    managed.dl_tensor.device = _DLDevice(_KDL_EXT_DEV, index)
+    managed.dl_tensor.ndim = host.dim()
+    managed.dl_tensor.dtype = _DLDataType(code, host.element_size() * 8, 1)
+    managed.dl_tensor.shape = shape
+    managed.dl_tensor.strides = strides
+    managed.deleter = _release
+    _alive[ctypes.addressof(managed)] = (host, shape, strides, managed)
+    new_capsule = ctypes.pythonapi.PyCapsule_New
+    new_capsule.restype = ctypes.py_object
+    new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    try:
+        out = torch._C._from_dlpack(new_capsule(ctypes.addressof(managed), b"dltensor", None))
+    except Exception as exc:  # noqa: BLE001
+        if _torch_release() >= (2, 13):  # the release CI runs: the stand-in must work
+            raise
+        pytest.skip(f"torch {torch.__version__} cannot make the stand-in device: {exc}")
+    assert out.device == torch.device("privateuseone", index) and out.data_ptr() == host.data_ptr()
+    return out
+
+
+def _torch_release() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+# --- the recording engine ------------------------------------------------------
+
+
+@dataclass
+class Submission:
+    """One call of kvswap::_submit, as an engine receives it."""
+
+    src: list[int]
+    dst: list[int]
+    sizes: list[int]
+    direction: int
+    total_bytes: int
+    device: torch.device
+
+
+@contextlib.contextmanager
+def engine_spy(key: str, copy: bool = True):
+    """Serves ``kvswap::_submit`` under ``key`` with a recording kernel; yields the list of calls."""
+    calls: list[Submission] = []
+
+    def submit(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device):
+        call = Submission(src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist(), direction,
+                          total_bytes, device)
+        calls.append(call)
+        if copy:
+            for s, d, n in zip(call.src, call.dst, call.sizes):
+                ctypes.memmove(d, s, n)
+
+    lib = torch.library.Library("kvswap", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            # Replacing the host engine's kernel is what this is for.
+            warnings.filterwarnings("ignore", message="Warning only once for all operators")
+            lib.impl("_submit", submit, key)
+        yield calls
+    finally:
+        lib._destroy()
