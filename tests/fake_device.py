@@ -150,6 +150,10 @@ def engine_spy(key: str, copy: bool = True):
             # Replacing the host engine's kernel is what this is for.
             warnings.filterwarnings("ignore", message="Warning only once for all operators")
             lib.impl("_submit", submit, key)
+            if key != "CPU":
+                # An accelerator engine also answers whether host memory is
+                # page-locked; the stand-in device's host side counts as such.
+                lib.impl("_host_pinned", lambda buffer, device: True, key)
         yield calls
     finally:
         lib._destroy()

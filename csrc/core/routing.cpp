@@ -267,9 +267,11 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
   }
   // Ascend (PrivateUse1): host caches must be pinned, and the pinned
   // allocator learns the copies' stream (validation.cpp, engines.cpp).
+  const auto descriptors = describe_block_copy(route, src_block_ids, dst_block_ids);
+  if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   const bool ascend = route.device.type() == c10::DeviceType::PrivateUse1;
   if (ascend) check_host_caches_pinned(src_caches, dst_caches, route.device);
-  submit(describe_block_copy(route, src_block_ids, dst_block_ids), route.direction, route.device);
+  submit(descriptors, route.direction, route.device);
   if (ascend) record_host_use(src_caches, dst_caches, route.device);
 }
 

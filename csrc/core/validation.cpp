@@ -90,7 +90,7 @@ void check_pinned(at::TensorList caches, const char* list, c10::Device device) {
   for (const auto i : c10::irange(caches.size())) {
     const auto& t = caches[i];
     if (!t.device().is_cpu() || t.numel() == 0) continue;
-    TORCH_CHECK_VALUE(op.redispatch(engine_for(op, device, "to check host memory"), t, device),
+    TORCH_CHECK_VALUE(op.redispatch(engine_for(op, device, "to copy"), t, device),
                       list, "[", i, "] is in pageable host memory, but copies between the host and ",
                       device, " need page-locked (pinned) host memory: CANN copies pageable memory "
                       "synchronously, refuses it under graph capture, and up to CANN 8.0 corrupts "
