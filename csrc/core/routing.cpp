@@ -113,8 +113,9 @@ enum class CopyMethod : int { kAuto = 0, kDma = 1, kKernel = 2 };
 std::atomic<int> g_copy_method{static_cast<int>(CopyMethod::kAuto)};
 
 // Below this many bytes per block, "auto" prefers a copy kernel: batched DMA
-// pays a per-descriptor cost that dominates small blocks (measured upstream
-// on H100: 4-7 GB/s under 28 KiB, 40-52 GB/s above).
+// pays a per-descriptor cost that dominates small blocks. The threshold is a
+// design estimate, not yet measured on a GPU: scripts/gpu_check.sh measures
+// both paths at 2, 16 and 256 KiB (docs/performance.md, GPU section).
 constexpr int64_t kKernelPathMaxBlockBytes = 32 * 1024;
 
 void set_copy_method(c10::string_view method) {
