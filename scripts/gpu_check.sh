@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot check of the CUDA engine on a machine with one NVIDIA GPU, a CUDA
-# build of torch, nvcc, ninja, pytest and compute-sanitizer, and no network
-# (the H200 kit of issue 11). Usage:
+# build of torch, nvcc, ninja, pytest and compute-sanitizer, and no network.
+# Usage:
 #
 #   OUT=/some/writable/dir bash scripts/gpu_check.sh
 #

@@ -1,4 +1,4 @@
-"""Mutants of the Ascend engine: one per review finding of issue 10, each
+"""Mutants of the Ascend engine: one per finding of the engine's review, each
 reverting its fix. tests/test_ascend_fake.py runs the fake-ACL cases
 (tests/fake_npu/cases_findings.py holds the case named in each `why`)."""
 

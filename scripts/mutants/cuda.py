@@ -1,4 +1,4 @@
-"""Mutants of the CUDA engine (issue 11): each reverts one fix; the named
+"""Mutants of the CUDA engine: each reverts one fix; the named
 tests (fake CUDA runtime, CPU CI) must fail with it. See README.md here."""
 
 FAKE = "tests/test_cuda_fake.py"

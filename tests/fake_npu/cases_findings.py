@@ -1,4 +1,4 @@
-"""One case per finding of the Ascend engine's review (issue 10), on the fake
+"""One case per finding of the Ascend engine's review, on the fake
 runtime. Each fails when its fix is reverted: scripts/mutants/ascend.py
 holds the reverts and checks that.
 """
