@@ -9,19 +9,8 @@
 # broken vLLM fails the run instead of skipping it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv, the built extension; cd "$ROOT"
-VVENV="$ROOT/.venv-vllm"
-if [ ! -x "$VVENV/bin/python" ]; then
-  echo "[vllm-env] creating $VVENV"
-  "${PYTHON:-python3}" -m venv "$VVENV"
-fi
-VPY="$VVENV/bin/python"
-STAMP="$VVENV/.kvswap-requirements"
-WANT="$(sha256sum requirements-vllm.txt | cut -d' ' -f1)"
-if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANT" ]; then
-  echo "[vllm-env] installing requirements-vllm.txt (--no-deps)"
-  "$VPY" -m pip install --quiet --no-deps -r requirements-vllm.txt
-  echo "$WANT" > "$STAMP"
-fi
+ensure_venv "$ROOT/.venv-vllm" requirements-vllm.txt --no-deps   # env.sh's; sets PY
+VPY="$PY"
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$ROOT" > "$SITE/torch_kvswap_src.pth"
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVSWAP_REQUIRE_VLLM=1
