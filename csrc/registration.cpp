@@ -64,6 +64,11 @@ TORCH_LIBRARY(kvswap, m) {
   // capture, and up to 8.0 corrupts it silently. Not for direct use.
   m.def("_host_pinned(Tensor buffer, Device device) -> bool");
 
+  // What the engine of `device` found on it, as "name=value" lines: the
+  // batch copy API, the capture query, in-place pinning. Served by the
+  // accelerator engines; read by `python -m torch_kvswap`. Not for direct use.
+  m.def("_engine_report(Device device) -> str[]");
+
   // Whether `device` can address every host (CPU) tensor of `tensors` in
   // place: page-locked and mapped. Served by engines with a kernel path
   // (CUDA); the core asks before it picks a path. Not for direct use.

@@ -9,7 +9,8 @@ PYTHON_BIN="${PYTHON:-python3}"
 
 # ensure_venv DIR REQUIREMENTS [PIP_ARGS...]: creates the venv DIR if it is
 # missing and installs REQUIREMENTS into it (with PIP_ARGS) whenever that
-# file changed since the last install; sets PY to its python.
+# file changed since the last install (one stamp per requirements file, so
+# one venv can take several); sets PY to its python.
 ensure_venv() {
   local dir="$1" requirements="$2"
   shift 2
@@ -18,7 +19,7 @@ ensure_venv() {
     "$PYTHON_BIN" -m venv "$dir"
   fi
   PY="$dir/bin/python"
-  local stamp="$dir/.kvswap-requirements" want
+  local stamp="$dir/.kvswap-$(basename "$requirements")" want
   want="$(sha256sum "$requirements" | cut -d' ' -f1)"
   if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     echo "[env] installing $requirements into $dir"
@@ -28,14 +29,32 @@ ensure_venv() {
   fi
 }
 
+# The source tree is the package: a .pth file puts it on the venv's path and
+# the extensions are built in place (one compile, incremental with ninja).
+# The tests' fake-runtime extension (torch_kvswap._fake_cuda) is built when
+# KVSWAP_BUILD_FAKES=1.
+# build_in_place VENV_PYTHON [TREE]: builds TREE (default: the repository)
+# in place against that venv's torch and puts it on the venv's path.
+build_in_place() {
+  local py="$1" tree="${2:-$ROOT}" site
+  site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "$tree" > "$site/torch_kvswap_src.pth"
+  echo "[env] building torch_kvswap in $tree"
+  (cd "$tree" && "$py" setup.py --quiet build_ext --inplace)
+}
+
+# copy_tree NAME: a copy of the tree's tracked and new files in build/NAME,
+# for venvs whose torch is not .venv's (an extension is built for one torch).
+# Its earlier build outputs are kept, so a rebuild recompiles only what
+# changed. Sets TREE to the copy.
+copy_tree() {
+  TREE="$ROOT/build/$1"
+  mkdir -p "$TREE"
+  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$TREE")
+}
+
 VENV="$ROOT/.venv"
 ensure_venv "$VENV" requirements-dev.txt
-if ! "$PY" -m pip show --quiet torch_kvswap >/dev/null 2>&1; then
-  echo "[env] installing torch_kvswap (editable)"
-  "$PY" -m pip install --quiet --no-build-isolation --no-deps -e .
-fi
-# The tests' fake-runtime extensions (torch_kvswap._fake_cuda, ...).
 export KVSWAP_BUILD_FAKES="${KVSWAP_BUILD_FAKES:-1}"
-echo "[env] building torch_kvswap"
-"$PY" setup.py --quiet build_ext --inplace
+build_in_place "$PY"
 export PATH="$VENV/bin:$PATH"

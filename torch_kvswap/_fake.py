@@ -126,25 +126,12 @@ def _plan_swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
 
 
 def _register_ordered_effect(qualname: str) -> None:
-    """Marks an op as an ordered side effect for torch.compile (any torch >= 2.6)."""
+    """Marks an op as an ordered side effect for torch.compile, so that it is
+    kept and ordered although it returns nothing and mutates nothing visible."""
     from torch._higher_order_ops.effects import _EffectType
 
     op = getattr(getattr(torch.ops, qualname.split("::")[0]), qualname.split("::")[1]).default
-    register = getattr(torch.library, "_register_effectful_op", None)
-    if register is not None:  # torch >= 2.10
-        register(op, _EffectType.ORDERED)
-        return
-    from torch._higher_order_ops import effects  # older releases keep a plain table
-
-    effects.SIDE_EFFECTS[op] = _EffectType.ORDERED
-    # On those releases a later dead-code pass (torch 2.6: Inductor's
-    # tensorify_python_scalars) drops the effect-token nodes of a graph whose
-    # effects feed no output, and the op with them. They are side effects by
-    # definition; say so.
-    from torch.fx.node import has_side_effect
-
-    has_side_effect(torch.ops.prims._sink_tokens.default)
-    has_side_effect(torch.ops.higher_order.with_effects)
+    torch.library._register_effectful_op(op, _EffectType.ORDERED)
 
 
 for _qualname in _ORDERED_EFFECT_OPS:

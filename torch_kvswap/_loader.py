@@ -12,25 +12,66 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import re
 import warnings
+from pathlib import Path
+
+import torch
+
+INSTALL_COMMAND = "pip install --no-build-isolation ."
 
 BUILD_HINT = (
     "torch_kvswap's compiled core (torch_kvswap._C) is not built. Build it against the "
-    "installed torch with `pip install --no-build-isolation -e .` from the repository "
-    "root (needs a C++ compiler and ninja), or run `bash scripts/test.sh`, which sets up "
-    "everything."
+    f"installed torch with `{INSTALL_COMMAND}` from the repository root (needs a C++ "
+    "compiler and ninja), or run `bash scripts/test.sh`, which sets up everything."
 )
+
+#: Written by setup.py next to the extensions: the torch they were compiled
+#: against and, per engine, whether it was built and why not.
+BUILD_INFO_PATH = Path(__file__).resolve().parent / "_build_info.json"
 
 #: Engines whose extension failed to load, name -> reason. Absent engines that
 #: were simply not built are not listed.
 ENGINE_ERRORS: dict[str, str] = {}
 
 
+def build_info() -> dict | None:
+    """What setup.py recorded about the build, or None (built by other means)."""
+    try:
+        return json.loads(BUILD_INFO_PATH.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def check_built_against(built: str, running: str) -> None:
+    """Raises ImportError when the extensions were compiled against another
+    torch release than the one running: torch's C++ ABI changes between
+    releases, and loading them would fail with an undefined symbol, or worse."""
+    if _release(built) != _release(running):
+        raise ImportError(
+            f"torch_kvswap was built against torch {built}, but torch {running} is installed; "
+            "its compiled extensions only load under the torch they were built with. Rebuild it "
+            f"against this torch: `{INSTALL_COMMAND}` from the source tree (add --force-reinstall "
+            "--no-deps if pip considers it installed), or `bash scripts/test.sh` in a checkout.")
+
+
 def load_core() -> None:
+    info = build_info()
+    if info is not None:
+        check_built_against(info["torch"], torch.__version__)
     try:
         importlib.import_module("torch_kvswap._C")
     except ImportError as exc:
-        raise ImportError(f"{BUILD_HINT}\n(underlying error: {exc})") from exc
+        hint = BUILD_HINT
+        if "undefined symbol" in str(exc):
+            hint = (f"torch_kvswap._C does not match torch {torch.__version__} (was it built against "
+                    f"another torch?). Rebuild it against this torch with `{INSTALL_COMMAND}`.")
+        raise ImportError(f"{hint}\n(underlying error: {exc})") from exc
 
 
 def _load_optional(module: str, prerequisite: str | None) -> bool:

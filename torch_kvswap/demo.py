@@ -2,9 +2,10 @@
 
 Run with ``python -m torch_kvswap.demo`` (``--help`` for the knobs). On the
 default settings it builds a 32-layer, 8-KV-head, head-dim-128, 16-token-block
-bf16 cache of about 1 GiB on the present device (the CPU when there is no
-accelerator), stores a random set of blocks to pinned host memory with
-:class:`torch_kvswap.KVCacheOffloader`, overwrites those blocks on the device,
+bf16 cache of 1 GiB on the present device (the CPU when there is no
+accelerator), stores a random half of its blocks (512 MiB; ``--offload-fraction``)
+to pinned host memory with :class:`torch_kvswap.KVCacheOffloader`, overwrites
+those blocks on the device,
 loads them back, checks every byte, and prints what it did with the
 throughput and the per-job times reported by ``get_finished()``.
 """
@@ -43,7 +44,6 @@ def pick_device(name: str | None) -> torch.device:
     if name:
         return torch.device(name)
     acc = getattr(torch, "accelerator", None)
-    # torch 2.6 raises from current_accelerator() when there is none.
     if acc is None or not acc.is_available():
         return torch.device("cpu")
     return acc.current_accelerator()

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs torch_kvswap the ways a user does, outside the project's own
+# scripts, and checks what they get:
+#   1. `pip install .` with build isolation stops within a minute and prints
+#      the right command (it must never build against another torch);
+#   2. an sdist is built, then a wheel from that sdist (as pip builds from
+#      PyPI); the wheel must hold no test-only extension (_fake*) and no test
+#      code;
+#   3. the wheel goes into a clean venv (.venv-wheel: torch, numpy) and a
+#      smoke test runs from outside the source tree (scripts/smoke_test.py):
+#      import, one swap_blocks against a plain reference, one offloader round
+#      trip, `python -m torch_kvswap`.
+# Uses .venv's torch (2.13.0) for the build. Exits non-zero on any failure.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv; cd "$ROOT"
+BUILD_PY="$PY"
+OUT="$ROOT/build/dist"
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+echo "[install] 1. pip install . with build isolation must refuse within 60 s"
+start=$(date +%s)
+set +e
+ISOLATED="$(timeout 300 "$BUILD_PY" -m pip install --dry-run --no-deps . 2>&1)"
+status=$?
+set -e
+took=$(( $(date +%s) - start ))
+if [ $status -eq 0 ] || ! grep -q -- "pip install --no-build-isolation ." <<<"$ISOLATED"; then
+  echo "$ISOLATED" | tail -20
+  echo "[install] the isolated build did not stop with the install command (exit $status)"; exit 1
+fi
+[ "$took" -le 60 ] || { echo "[install] the isolated build took ${took} s to refuse (limit 60 s)"; exit 1; }
+echo "[install] refused in ${took} s with the install command"
+
+echo "[install] 2. sdist, then a wheel built from it"
+"$BUILD_PY" setup.py --quiet sdist --dist-dir "$OUT" >"$OUT/sdist.log" 2>&1 || { cat "$OUT/sdist.log"; exit 1; }
+SDIST="$(ls "$OUT"/torch_kvswap-*.tar.gz)"
+# KVSWAP_BUILD_FAKES=1 on purpose: even when asked for, no fake goes in a wheel.
+KVSWAP_BUILD_FAKES=1 "$BUILD_PY" -m pip wheel --quiet --no-build-isolation --no-deps -w "$OUT" "$SDIST"
+WHEEL="$(ls "$OUT"/torch_kvswap-*.whl)"
+"$BUILD_PY" - "$WHEEL" <<'EOF'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+bad = [n for n in names if n.split("/")[-1].startswith("_fake") or n.startswith("tests/") or "/tests/" in n]
+assert not bad, f"test-only files in the wheel: {bad}"
+assert any(n.startswith("torch_kvswap/_C.") and n.endswith(".so") for n in names), names
+assert "torch_kvswap/_build_info.json" in names, names
+print(f"[install] wheel: {len(names)} files, no _fake* module and no test code")
+EOF
+
+echo "[install] 3. the wheel in a clean venv, smoke test from outside the tree"
+printf 'torch==2.13.0\nnumpy\n' > "$ROOT/build/wheel-requirements.txt"
+ensure_venv "$ROOT/.venv-wheel" "$ROOT/build/wheel-requirements.txt"   # sets PY
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$WHEEL"
+SMOKE="$(mktemp -d)"
+cp "$ROOT/scripts/smoke_test.py" "$SMOKE/"
+(cd "$SMOKE" && "$PY" smoke_test.py)
+rm -rf "$SMOKE"

@@ -1,0 +1,242 @@
+"""How torch_kvswap builds and installs: which engines a build chooses and
+why, the refusal of a build that could not match the running torch, the
+version guard on import, and the environment report.
+
+The whole install paths (isolated pip, sdist -> wheel -> clean venv, the
+torch release matrix) run in scripts/check_install.sh and
+scripts/test_torch_matrix.sh, which .ci/run calls; these tests pin down the
+decisions those paths depend on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import torch_kvswap
+from torch_kvswap import _loader
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("kvswap_setup", ROOT / "setup.py")
+setup_py = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(setup_py)  # defines the build logic; setup() runs only as __main__
+
+NVCC_13_0 = ["7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
+
+
+def facts(**kw) -> "setup_py.Facts":
+    base = dict(torch_version="2.15.0+cu130", torch_cuda="13.0", cuda_home="/usr/local/cuda",
+                nvcc_version="13.0", nvcc_archs=NVCC_13_0, visible_gpus=0, torch_npu_root=None,
+                cuda_headers="/usr/local/cuda/include", env={})
+    base.update(kw)
+    return setup_py.Facts(**base)
+
+
+# ---------------------------------------------------------------- CUDA engine
+
+
+def test_cuda_engine_on_a_machine_with_nvcc_and_no_gpu_builds_for_the_default_archs():
+    d = setup_py.decide_cuda(facts())
+    assert d.build and d.arch_list == "8.0;9.0;10.0;12.0+PTX"
+
+
+def test_default_archs_drop_what_nvcc_cannot_target_and_keep_ptx_on_the_newest():
+    d = setup_py.decide_cuda(facts(torch_cuda="12.4", nvcc_version="12.4",
+                                   nvcc_archs=["5.0", "7.5", "8.0", "8.6", "8.9", "9.0"]))
+    assert d.build and d.arch_list == "8.0;9.0+PTX"
+
+
+def test_no_default_arch_that_nvcc_supports_means_not_built_with_the_reason():
+    d = setup_py.decide_cuda(facts(nvcc_archs=["5.0", "6.0"]))
+    assert not d.build and "targets none of" in d.reason and "TORCH_CUDA_ARCH_LIST" in d.enable
+
+
+def test_torch_cuda_arch_list_overrides_the_default():
+    d = setup_py.decide_cuda(facts(env={"TORCH_CUDA_ARCH_LIST": "9.0"}))
+    assert d.build and d.arch_list == "9.0"
+
+
+def test_a_visible_gpu_leaves_the_arch_choice_to_torch():
+    d = setup_py.decide_cuda(facts(visible_gpus=1))
+    assert d.build and d.arch_list is None
+
+
+def test_cpu_torch_skips_the_cuda_engine_and_says_how_to_enable_it():
+    d = setup_py.decide_cuda(facts(torch_version="2.13.0+cpu", torch_cuda=None))
+    assert not d.build and "2.13.0+cpu is not a CUDA build" in d.reason and "CUDA build of torch" in d.enable
+
+
+def test_cpu_torch_with_the_cuda_engine_forced_builds_it():
+    d = setup_py.decide_cuda(facts(torch_cuda=None, env={"KVSWAP_BUILD_CUDA": "1"}))
+    assert d.build and d.forced
+
+
+def test_nvcc_of_another_major_version_than_torch_skips_the_engine():
+    d = setup_py.decide_cuda(facts(torch_cuda="12.8", nvcc_version="13.0"))
+    assert not d.build and "differ in major version" in d.reason and "12.x" in d.enable
+
+
+def test_nvcc_of_another_minor_version_builds():
+    assert setup_py.decide_cuda(facts(torch_cuda="13.2", nvcc_version="13.0")).build
+
+
+def test_no_toolkit_skips_the_engine():
+    d = setup_py.decide_cuda(facts(cuda_home=None, nvcc_version=None))
+    assert not d.build and "no CUDA toolkit" in d.reason
+
+
+def test_kvswap_build_cuda_0_skips_the_engine():
+    d = setup_py.decide_cuda(facts(env={"KVSWAP_BUILD_CUDA": "0"}))
+    assert not d.build and d.reason == "KVSWAP_BUILD_CUDA=0"
+
+
+def test_a_forced_engine_that_cannot_be_built_stops_the_build():
+    cuda = setup_py.decide_cuda(facts(cuda_home=None, nvcc_version=None, env={"KVSWAP_BUILD_CUDA": "1"}))
+    with pytest.raises(SystemExit, match="KVSWAP_BUILD_CUDA=1 but the engine cannot be built: no CUDA toolkit"):
+        setup_py.refuse_impossible_forced(cuda, setup_py.decide_npu(facts()))
+
+
+# ---------------------------------------------------------------- Ascend engine, fakes
+
+
+def test_ascend_engine_builds_when_torch_npu_is_installed_even_without_nvcc(tmp_path):
+    f = facts(torch_version="2.13.0", torch_cuda=None, cuda_home=None, nvcc_version=None,
+              torch_npu_root=tmp_path)
+    assert setup_py.decide_npu(f).build and not setup_py.decide_cuda(f).build
+
+
+def test_ascend_engine_without_torch_npu_names_the_matching_release():
+    d = setup_py.decide_npu(facts(torch_version="2.14.0+cpu"))
+    assert not d.build and d.reason == "torch_npu is not installed" and "torch-npu==2.14.0" in d.enable
+
+
+def test_forced_ascend_engine_without_torch_npu_stops_the_build():
+    npu = setup_py.decide_npu(facts(env={"KVSWAP_BUILD_NPU": "1"}))
+    with pytest.raises(SystemExit, match="KVSWAP_BUILD_NPU=1 but the engine cannot be built"):
+        setup_py.refuse_impossible_forced(setup_py.decide_cuda(facts()), npu)
+
+
+def test_test_fakes_are_built_only_when_asked():
+    assert not setup_py.decide_fakes(facts()).build
+    assert setup_py.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"})).build
+    assert not setup_py.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"}, cuda_headers=None)).build
+
+
+# ---------------------------------------------------------------- build summary
+
+
+def test_build_summary_has_one_line_per_engine_with_reason_and_remedy():
+    info = {"torch": "2.13.0+cpu", "cuda_arch_list": None, "engines": {
+        "host": {"built": True},
+        "cuda": {"built": False, "reason": "torch 2.13.0+cpu is not a CUDA build", "enable": "install X"},
+        "npu": {"built": False, "reason": "torch_npu is not installed", "enable": "pip install torch-npu"}}}
+    lines = setup_py.summary_lines(info)
+    assert lines[0] == "torch_kvswap: built against torch 2.13.0+cpu"
+    assert lines[1].endswith("(_C): built")
+    assert "not built: torch 2.13.0+cpu is not a CUDA build; to enable: install X" in lines[2]
+    assert "not built: torch_npu is not installed; to enable: pip install torch-npu" in lines[3]
+    assert len(lines) == 4
+
+
+def test_this_build_recorded_the_running_torch_and_every_engine():
+    info = _loader.build_info()
+    assert info is not None, "setup.py writes torch_kvswap/_build_info.json next to the extensions"
+    assert info["torch"] == torch.__version__
+    assert set(info["engines"]) == {"host", "cuda", "npu", "fake_cuda"}
+    assert info["engines"]["host"]["built"]
+    for key, entry in info["engines"].items():
+        assert entry["built"] or (entry["reason"] and entry["enable"]), key
+
+
+# ---------------------------------------------------------------- refusing isolated builds
+
+
+def _run_setup_with_stub_torch(tmp_path: Path, torch_init: str, folder: str = "stub") -> subprocess.CompletedProcess:
+    stub = tmp_path / folder / "torch"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(torch_init)
+    env = {**os.environ, "PYTHONPATH": str(stub.parent)}
+    return subprocess.run([sys.executable, str(ROOT / "setup.py"), "--name"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_build_without_an_importable_torch_stops_with_the_install_command(tmp_path):
+    proc = _run_setup_with_stub_torch(tmp_path, "raise ImportError('hidden by build isolation')")
+    assert proc.returncode != 0
+    assert "pip install --no-build-isolation ." in proc.stderr and "build isolation" in proc.stderr
+
+
+def test_a_torch_inside_pips_isolated_build_environment_is_refused(tmp_path):
+    proc = _run_setup_with_stub_torch(tmp_path, "__version__ = '2.15.0'\n", folder="pip-build-env-x1/overlay")
+    assert proc.returncode != 0 and "pip install --no-build-isolation ." in proc.stderr
+
+
+def test_a_torch_older_than_the_oldest_supported_release_is_refused(tmp_path):
+    proc = _run_setup_with_stub_torch(tmp_path, "__version__ = '2.9.1'\n")
+    assert proc.returncode != 0 and "needs torch >= 2.10" in proc.stderr and "2.9.1" in proc.stderr
+
+
+def test_declared_torch_range_starts_at_min_torch():
+    assert setup_py.MIN_TORCH == (2, 10)
+    assert "torch>=2.10" in (ROOT / "README.md").read_text()
+
+
+# ---------------------------------------------------------------- version guard
+
+
+def test_version_guard_names_both_releases_and_the_rebuild_command():
+    with pytest.raises(ImportError) as err:
+        _loader.check_built_against("2.13.0+cpu", "2.15.0")
+    msg = str(err.value)
+    assert "built against torch 2.13.0+cpu" in msg and "torch 2.15.0 is installed" in msg
+    assert "pip install --no-build-isolation ." in msg
+
+
+def test_version_guard_accepts_the_same_release_of_another_build_variant():
+    _loader.check_built_against("2.13.0+cpu", "2.13.0")
+    _loader.check_built_against("2.15.0", "2.15.0+cu130")
+
+
+@pytest.mark.parametrize("other", ["2.12.0", "2.13.1"])
+def test_extension_built_for_another_torch_fails_to_import_with_the_version_message(tmp_path, other):
+    # The real package, its compiled extensions included, with the record of
+    # the build saying another release: what a user gets after upgrading torch.
+    pkg = tmp_path / "torch_kvswap"
+    shutil.copytree(Path(torch_kvswap.__file__).parent, pkg,
+                    ignore=shutil.ignore_patterns("_fake_cuda*", "__pycache__"))
+    info = json.loads((pkg / "_build_info.json").read_text())
+    info["torch"] = other
+    (pkg / "_build_info.json").write_text(json.dumps(info))
+    proc = subprocess.run([sys.executable, "-c", "import torch_kvswap"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: torch_kvswap was built against torch " + other), proc.stderr
+    assert f"torch {torch.__version__} is installed" in last and "--no-build-isolation" in last
+
+
+# ---------------------------------------------------------------- environment report
+
+
+def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engine(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch_kvswap"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    rows = dict(re.match(r"^  (\S.*?)\s{2,}(\S.*)$", line).groups() for line in proc.stdout.splitlines()[1:])
+    assert rows["torch"].startswith(torch.__version__)
+    assert rows["built against"] == f"torch {torch.__version__}"
+    assert rows["engine host"] == "loaded"
+    if torch.version.cuda is None:
+        assert rows["engine cuda"].startswith(f"not built: torch {torch.__version__} is not a CUDA build")
+    assert rows["torch_npu"] == "not installed" or "torch_npu" in rows
+    assert "devices" in rows or any(k.startswith(("cuda:", "npu:")) for k in rows)
+    assert "vLLM" in rows
