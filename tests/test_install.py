@@ -28,6 +28,7 @@ from torch_kvswap import _loader
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("kvswap_setup", ROOT / "setup.py")
 setup_py = importlib.util.module_from_spec(_spec)
+sys.modules["kvswap_setup"] = setup_py  # dataclasses look their module up
 _spec.loader.exec_module(setup_py)  # defines the build logic; setup() runs only as __main__
 
 NVCC_13_0 = ["7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
