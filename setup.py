@@ -154,8 +154,8 @@ def decide_cuda(f: Facts) -> Decision:
         return Decision(False, f"torch {f.torch_version} is not a CUDA build",
                         "install a CUDA build of torch and a CUDA toolkit of the same major version")
     if f.cuda_home is None or f.nvcc_version is None:
-        return Decision(False, "no CUDA toolkit (nvcc) found", "install the CUDA toolkit or set CUDA_HOME",
-                        forced)
+        return Decision(False, "no CUDA toolkit found (nvcc with cuda_runtime_api.h beside it)",
+                        "install the CUDA toolkit or set CUDA_HOME to it", forced)
     if f.torch_cuda and release(f.torch_cuda)[0] != release(f.nvcc_version)[0]:
         return Decision(False, f"nvcc {f.nvcc_version} and torch's CUDA {f.torch_cuda} differ in major "
                         "version, which torch's extension builder refuses",
@@ -220,10 +220,15 @@ def _nvcc_facts(cuda_home: str | None) -> tuple[str | None, list[str]]:
     return (match.group(1) if match else None), supported
 
 
-def _cuda_headers(cuda_home: str | None) -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), cuda_home, "/usr/local/cuda"):
-        if home and (Path(home) / "include" / "cuda_runtime_api.h").is_file():
-            return str(Path(home) / "include")
+def find_cuda_home(torch_guess: str | None, env=os.environ) -> str | None:
+    """The CUDA toolkit to build with: the first of CUDA_HOME, CUDA_PATH,
+    torch's guess and /usr/local/cuda that has the runtime headers. torch
+    guesses from the nvcc on the path, and a wrapper script such as
+    /usr/local/bin/nvcc makes that /usr/local, which has no CUDA headers."""
+    for home in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), torch_guess, "/usr/local/cuda"):
+        if home and (Path(home) / "include" / "cuda_runtime_api.h").is_file() \
+                and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home))
     return None
 
 
@@ -240,17 +245,23 @@ def _torch_npu_root() -> Path | None:
 
 
 def gather_facts(torch) -> Facts:
-    from torch.utils.cpp_extension import CUDA_HOME
+    import torch.utils.cpp_extension as cpp_extension
 
-    nvcc_version, nvcc_archs = _nvcc_facts(CUDA_HOME)
+    cuda_home = find_cuda_home(cpp_extension.CUDA_HOME)
+    if cuda_home is not None and cuda_home != cpp_extension.CUDA_HOME:
+        # torch's extension builder reads its module-level CUDA_HOME for the
+        # include path, the library path and nvcc.
+        cpp_extension.CUDA_HOME = cuda_home
+        os.environ["CUDA_HOME"] = cuda_home
+    nvcc_version, nvcc_archs = _nvcc_facts(cuda_home)
     try:
         visible = torch.cuda.device_count() if torch.version.cuda else 0
     except Exception:  # noqa: BLE001 - a broken driver means no usable GPU
         visible = 0
-    return Facts(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cuda_home=CUDA_HOME,
+    return Facts(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cuda_home=cuda_home,
                  nvcc_version=nvcc_version, nvcc_archs=nvcc_archs, visible_gpus=visible,
-                 torch_npu_root=_torch_npu_root(), cuda_headers=_cuda_headers(CUDA_HOME),
-                 env=dict(os.environ))
+                 torch_npu_root=_torch_npu_root(),
+                 cuda_headers=str(Path(cuda_home) / "include") if cuda_home else None, env=dict(os.environ))
 
 
 # ---------------------------------------------------------------- extensions

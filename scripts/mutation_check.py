@@ -223,7 +223,8 @@ def prepare_extension(work: Path, env: dict[str, str], need_build: bool) -> None
     if not need_build:
         built = sorted((ROOT / "torch_kvswap").glob("_C*.so"))
         if built:
-            for so in built:
+            # With the build's record, which the import checks (_loader.py).
+            for so in built + sorted((ROOT / "torch_kvswap").glob("_build_info.json")):
                 target = work / "torch_kvswap" / so.name
                 if not target.exists() or target.read_bytes() != so.read_bytes():
                     shutil.copyfile(so, target)

@@ -95,6 +95,24 @@ def test_no_toolkit_skips_the_engine():
     assert not d.build and "no CUDA toolkit" in d.reason
 
 
+def test_cuda_home_skips_a_folder_without_the_runtime_headers(tmp_path):
+    # nvcc on the path may be a wrapper script in /usr/local/bin, which makes
+    # torch guess /usr/local; the toolkit is where the headers are.
+    def toolkit(path: Path, headers: bool) -> str:
+        (path / "bin").mkdir(parents=True)
+        (path / "bin" / "nvcc").write_text("")
+        if headers:
+            (path / "include").mkdir()
+            (path / "include" / "cuda_runtime_api.h").write_text("")
+        return str(path)
+
+    wrapper_prefix = toolkit(tmp_path / "usr-local", headers=False)
+    real = toolkit(tmp_path / "cuda-13.0", headers=True)
+    assert setup_py.find_cuda_home(wrapper_prefix, env={"CUDA_PATH": real}) == real
+    assert setup_py.find_cuda_home(real, env={}) == real
+    assert setup_py.find_cuda_home(wrapper_prefix, env={"CUDA_HOME": wrapper_prefix}) in (None, "/usr/local/cuda")
+
+
 def test_kvswap_build_cuda_0_skips_the_engine():
     d = setup_py.decide_cuda(facts(env={"KVSWAP_BUILD_CUDA": "0"}))
     assert not d.build and d.reason == "KVSWAP_BUILD_CUDA=0"
