@@ -216,8 +216,13 @@ def _nvcc_facts(cuda_home: str | None) -> tuple[str | None, list[str]]:
     except (OSError, subprocess.SubprocessError):
         return None, []
     match = re.search(r"release (\d+\.\d+)", out)
-    supported = [f"{m[0]}.{m[1:]}" for m in re.findall(r"compute_(\d+)\b", archs)]
-    return (match.group(1) if match else None), supported
+    return (match.group(1) if match else None), parse_gpu_archs(archs)
+
+
+def parse_gpu_archs(listing: str) -> list[str]:
+    """`nvcc --list-gpu-arch` output (compute_75, compute_100, ...) as
+    TORCH_CUDA_ARCH_LIST entries (7.5, 10.0, ...)."""
+    return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\d+)\b", listing)]
 
 
 def find_cuda_home(torch_guess: str | None, env=os.environ) -> str | None:

@@ -50,6 +50,11 @@ def test_cuda_engine_on_a_machine_with_nvcc_and_no_gpu_builds_for_the_default_ar
     assert d.build and d.arch_list == "8.0;9.0;10.0;12.0+PTX"
 
 
+def test_nvcc_arch_listing_is_read_as_torch_arch_names():
+    listing = "compute_75\ncompute_80\ncompute_90\ncompute_100\ncompute_120\ncompute_121\n"
+    assert setup_py.parse_gpu_archs(listing) == ["7.5", "8.0", "9.0", "10.0", "12.0", "12.1"]
+
+
 def test_default_archs_drop_what_nvcc_cannot_target_and_keep_ptx_on_the_newest():
     d = setup_py.decide_cuda(facts(torch_cuda="12.4", nvcc_version="12.4",
                                    nvcc_archs=["5.0", "7.5", "8.0", "8.6", "8.9", "9.0"]))

@@ -77,4 +77,12 @@ MUTANTS = [
         tests=[T + "::test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engine"],
         why="the bug report says an engine is missing but not why or how to enable it",
     ),
+    dict(
+        name="install-nvcc-arch-listing-misread",
+        file="setup.py",
+        find='    return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\\d+)\\b", listing)]\n',
+        replace='    return [f"{m[0]}.{m[1:]}" for m in re.findall(r"compute_(\\d+)\\b", listing)]\n',
+        tests=[T + "::test_nvcc_arch_listing_is_read_as_torch_arch_names"],
+        why="compute_100 read as 1.00: Blackwell (10.0, 12.0) silently left out of the default architectures",
+    ),
 ]
