@@ -256,6 +256,67 @@ def test_host_event_reports_success_and_failure():
         bad.query()
 
 
+# -- the stream path's order of calls, with stand-in streams over host caches ---------
+
+
+class RecordingStream:
+    """Records what the backend does with a stream; the copy itself runs on
+    the host engine (host caches), so this needs no accelerator."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append(("enter", self))
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(("exit", self))
+
+    def wait_event(self, event):
+        self.log.append(("wait", event))
+
+    def record_event(self):
+        event = SimpleEvent()
+        self.log.append(("record", event))
+        return event
+
+    def synchronize(self):
+        self.log.append(("synchronize", self))
+
+
+class SimpleEvent:
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+
+def test_the_stream_path_waits_then_copies_then_records_inside_the_stream(monkeypatch):
+    log: list = []
+    real = torch_kvswap.ops.swap_blocks
+    monkeypatch.setattr(torch_kvswap.ops, "swap_blocks",
+                        lambda *a: (log.append(("copy", len(a[0]))), real(*a)))
+    gpu, cpu = make_caches()
+    load, store = RecordingStream(log), RecordingStream(log)
+    # A device that is not the host selects the stream path; it is never touched.
+    w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cuda", 0), load, store)
+    done = object()
+    w.store(3, [1, 2], [0, 5], compute_done=done)
+    (_, event), = w.stores
+    assert log == [("enter", store), ("wait", done), ("copy", 4), ("record", event), ("exit", store)]
+    log.clear()
+    w.load(4, [0, 5], [7, 8])
+    assert [k for k, _ in log] == ["enter", "copy", "record", "exit"] and log[0][1] is load
+    assert [i for i, _ in w.loads] == [4]
+    assert_equal(gpu, reference(cpu, make_caches()[0], [0, 5], [7, 8]))
+    log.clear()
+    w.backend.shutdown()
+    w.backend.shutdown()
+    assert sorted(id(s) for k, s in log) == sorted([id(load), id(store)])  # each synchronized once
+
+
 # -- CUDA engine on the fake CUDA runtime -----------------------------------------
 
 

@@ -10,21 +10,29 @@ mirror), measured in the same run on the same caches and ids:
 * ``loop``: the per-block, per-layer ``copy_`` loop of vLLM's
   ``CpuCopyBackend``, reproduced here: for every region, for every block
   pair, ``dst[d].copy_(src[s])``;
-* ``pointers``: vLLM's ``DmaCopyBackend`` call pattern (``cuda_mem_ops.py``:
-  per-region base addresses and bytes per block built once, per launch
-  ``base[:, None] + ids[None, :] * bytes_per_block`` with numpy, one batched
-  call) through torch_kvswap's pointer op ``swap_blocks_batch``.
+* ``pointers``: vLLM's ``DmaCopyBackend`` call pattern (``copy_backend.py``
+  and ``cuda_mem_ops.py``: per-region base addresses and bytes per block built
+  once; per launch a queue hands the ids to a copy thread, which computes
+  ``base[:, None] + ids[None, :] * bytes_per_block`` with numpy and makes one
+  batched call, then signals an event) through torch_kvswap's pointer op
+  ``swap_blocks_batch``.
+
+Also timed: ``memcpy``, one contiguous ``copy_`` of the same number of bytes,
+the machine's memory-bandwidth bound for the launch.
 
 Every method's destination is compared byte for byte with a plain reference
-after its runs. Reported: the median time per launch and the ratios
-``loop / kvswap`` and ``pointers / kvswap`` (above 1: kvswap is faster).
+after its runs. Reported: the median time per launch (methods interleaved
+within each repetition) and the ratios ``loop / kvswap`` and
+``pointers / kvswap`` (above 1: kvswap is faster) and ``kvswap / memcpy``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -44,14 +52,32 @@ def loop_copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor],
 
 
 class PointerCopy:
-    """vLLM's DmaCopyBackend call pattern, through ``swap_blocks_batch``."""
+    """vLLM's DmaCopyBackend call pattern (a copy thread fed by a queue),
+    through ``swap_blocks_batch``."""
 
     def __init__(self, src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor]) -> None:
         self.src_bases = np.array([t.data_ptr() for t in src.values()], dtype=np.uint64)
         self.dst_bases = np.array([t.data_ptr() for t in dst.values()], dtype=np.uint64)
         self.bpb = np.array([t.stride(0) * t.element_size() for t in src.values()], dtype=np.uint64)
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
 
-    def __call__(self, src_ids: list[int], dst_ids: list[int]) -> None:
+    def launch(self, src_ids: list[int], dst_ids: list[int]) -> threading.Event:
+        done = threading.Event()
+        self.jobs.put((src_ids, dst_ids, done))
+        return done
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            self.copy(job[0], job[1])
+            job[2].set()
+
+    def copy(self, src_ids: list[int], dst_ids: list[int]) -> None:
         s = np.array(src_ids, dtype=np.uint64)
         d = np.array(dst_ids, dtype=np.uint64)
         src_all = (self.src_bases[:, None] + s[None, :] * self.bpb[:, None]).ravel()
@@ -77,6 +103,8 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
 
     hosts = {m: {n: torch.zeros(num, block_bytes, dtype=torch.int8) for n in device}
              for m in ("kvswap", "loop", "pointers")}
+    flat_src = torch.randint(-128, 127, (layers * blocks * block_bytes,), generator=g, dtype=torch.int8)
+    flat_dst = torch.zeros_like(flat_src)
     backend = KVSwapCopyBackend()
     backend.init(device, hosts["kvswap"], torch.device("cpu"), None, None)
     pointers = PointerCopy(device, hosts["pointers"])
@@ -87,7 +115,8 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
         events.pop()[1].synchronize()
 
     runs = {"kvswap": kvswap, "loop": lambda: loop_copy(device, hosts["loop"], src_ids, dst_ids),
-            "pointers": lambda: pointers(src_ids, dst_ids)}
+            "pointers": lambda: pointers.launch(src_ids, dst_ids).wait(),
+            "memcpy": lambda: flat_dst.copy_(flat_src)}
     times: dict[str, list[float]] = {m: [] for m in runs}
     try:
         for _ in range(repeats):
@@ -97,6 +126,7 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
                 times[m].append(time.perf_counter() - t0)
     finally:
         backend.shutdown()
+        pointers.close()
     for m, host in hosts.items():
         for n in device:
             if not torch.equal(host[n], want[n]):
@@ -105,6 +135,7 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
     return {"block_kib": block_kib, "layers": layers, "blocks": blocks,
             "seconds": med, "loop_over_kvswap": med["loop"] / med["kvswap"],
             "pointers_over_kvswap": med["pointers"] / med["kvswap"],
+            "kvswap_over_memcpy": med["kvswap"] / med["memcpy"],
             "kvswap_gib_s": layers * blocks * block_bytes / med["kvswap"] / 2**30}
 
 
@@ -114,22 +145,24 @@ def main(argv=None) -> int:
     p.add_argument("--block-kib", type=float, nargs="+", default=[4, 32, 256])
     p.add_argument("--layers", type=int, default=32)
     p.add_argument("--blocks", type=int, default=None,
-                   help="blocks per launch (default: 64 MiB per launch, at least 16)")
+                   help="blocks per launch (default: 8 MiB per launch, at least 8 blocks)")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     rows = []
     print(f"{'block':>8} {'blocks':>6} {'kvswap ms':>10} {'loop ms':>9} {'pointers ms':>11} "
-          f"{'loop/kvswap':>11} {'pointers/kvswap':>15} {'kvswap GiB/s':>12}")
+          f"{'memcpy ms':>9} {'loop/kvswap':>11} {'pointers/kvswap':>15} {'kvswap/memcpy':>13} "
+          f"{'kvswap GiB/s':>12}")
     for kib in args.block_kib:
-        blocks = args.blocks or max(16, int(64 * 1024 // (kib * args.layers)))
+        blocks = args.blocks or max(8, int(8 * 1024 // (kib * args.layers)))
         r = measure(kib, args.layers, blocks, args.repeats, args.seed)
         rows.append(r)
         s = r["seconds"]
         print(f"{kib:>6g}Ki {blocks:>6} {s['kvswap'] * 1e3:>10.3f} {s['loop'] * 1e3:>9.3f} "
-              f"{s['pointers'] * 1e3:>11.3f} {r['loop_over_kvswap']:>11.2f} "
-              f"{r['pointers_over_kvswap']:>15.2f} {r['kvswap_gib_s']:>12.2f}", flush=True)
+              f"{s['pointers'] * 1e3:>11.3f} {s['memcpy'] * 1e3:>9.3f} {r['loop_over_kvswap']:>11.2f} "
+              f"{r['pointers_over_kvswap']:>15.2f} {r['kvswap_over_memcpy']:>13.2f} "
+              f"{r['kvswap_gib_s']:>12.2f}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, f,

@@ -1,0 +1,136 @@
+"""Mutants of torch_kvswap/integrations/vllm/ (data for scripts/mutation_check.py).
+
+Their tests run in .venv, without vLLM: the copy backend is driven by the calls
+vLLM's worker makes, and the offloading plug-in is built on a stand-in of
+vLLM's interface (tests/test_vllm_import.py). The tests in vLLM's own
+environments (scripts/test_vllm.sh) cover the same code against the real thing.
+"""
+
+_BACKEND = "torch_kvswap/integrations/vllm/copy_backend.py"
+_B = ["tests/test_vllm_copy_backend.py"]
+_OFF = "torch_kvswap/integrations/vllm/offloading.py"
+_I = ["tests/test_vllm_import.py"]
+
+MUTANTS = [
+    dict(
+        name="vllm-backend-host-wait-event-ignored",
+        file=_BACKEND,
+        find="                if wait_event is not None:\n                    wait_event.synchronize()\n",
+        replace="",
+        tests=_B,
+        why="a store must not read the KV cache before its compute-done event (wait_event)",
+    ),
+    dict(
+        name="vllm-backend-stream-wait-event-ignored",
+        file=_BACKEND,
+        find="                if wait_event is not None:\n                    stream.wait_event(wait_event)\n",
+        replace="",
+        tests=_B,
+        why="on an accelerator the copy stream must wait for wait_event before the copy",
+    ),
+    dict(
+        name="vllm-backend-stream-event-not-listed",
+        file=_BACKEND,
+        find="        events_list.append((event_idx, event))\n\n    @staticmethod",
+        replace="\n    @staticmethod",
+        tests=_B,
+        why="vLLM's worker polls events_list: a launch whose event is missing never completes",
+    ),
+    dict(
+        name="vllm-backend-host-failure-swallowed",
+        file=_BACKEND,
+        find="                event._finish(f\"kvswap: {_describe(is_store, event_idx, src, dst)} failed: \"\n"
+             "                              f\"{type(exc).__name__}: {exc}\")",
+        replace="                event._finish()",
+        tests=_B,
+        why="a failed copy reported as finished lets vLLM use blocks that never arrived",
+    ),
+    dict(
+        name="vllm-backend-shutdown-does-not-wait",
+        file=_BACKEND,
+        find="        for t in self._threads:\n            t.join()\n",
+        replace="",
+        tests=_B,
+        why="shutdown must let the copies in flight finish before the mirrors are released",
+    ),
+    dict(
+        name="vllm-backend-shutdown-not-idempotent",
+        file=_BACKEND,
+        find="        if self._closed:\n            return\n        self._closed = True\n",
+        replace="        self._closed = True\n",
+        tests=_B,
+        why="a second shutdown must do nothing (vLLM and the connector may both call it)",
+    ),
+    dict(
+        name="vllm-backend-launch-after-shutdown",
+        file=_BACKEND,
+        find="        if not self._initialized or self._closed:",
+        replace="        if not self._initialized:",
+        tests=_B,
+        why="a launch after shutdown must raise, not queue on a stopped copy thread",
+    ),
+    dict(
+        name="vllm-regions-kv-halves-overlap",
+        file="torch_kvswap/integrations/vllm/simple_offload.py",
+        find="int(kt.offset) + l * int(kt.layer_stride) + i * span)",
+        replace="int(kt.offset) + l * int(kt.layer_stride) + i * stride)",
+        tests=_B,
+        why="the regions inside one layer's span (K and V halves) start a whole block span apart",
+    ),
+    dict(
+        name="vllm-regions-overlays-twice",
+        file="torch_kvswap/integrations/vllm/simple_offload.py",
+        find="            if region.data_ptr() in seen:\n                continue\n",
+        replace="",
+        tests=_B,
+        why="groups that overlay one allocation must give its regions once (else copied twice)",
+    ),
+    dict(
+        name="vllm-regions-block-outermost-offset",
+        file="torch_kvswap/integrations/vllm/simple_offload.py",
+        find="int(kt.offset) - int(kt.offset) % stride)]",
+        replace="int(kt.offset))]",
+        tests=_B,
+        why="a packed block starts at a multiple of block_stride, not at a layer's offset in it",
+    ),
+    dict(
+        name="vllm-failed-job-reported-as-success",
+        file=_OFF,
+        find="                if not r.success:\n",
+        replace="                if False:\n",
+        tests=_I,
+        why="vLLM only asserts success (gone under python -O): the worker must raise for a failed job",
+    ),
+    dict(
+        name="vllm-canonical-layout-accepted",
+        file=_OFF,
+        find='            if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):',
+        replace='            if extra.get("canonical_layout"):',
+        tests=_I,
+        why="canonical_layout set on the config (not the extra keys) must be refused at spec build too",
+    ),
+    dict(
+        name="vllm-unknown-keys-accepted",
+        file=_OFF,
+        find="            if unknown:\n",
+        replace="            if False:\n",
+        tests=_I,
+        why="an unsupported extra-config key must fail when the spec is built, not be ignored",
+    ),
+    dict(
+        name="vllm-release-signature-not-its-own",
+        file="torch_kvswap/integrations/vllm/compat.py",
+        find="    allowed = [SUBMIT_LOAD[release]] if release else list(SUBMIT_LOAD.values())",
+        replace="    allowed = list(SUBMIT_LOAD.values())",
+        tests=_I,
+        why="each supported release must have its own submit_load signature",
+    ),
+    dict(
+        name="vllm-shared-region-mirrors-overlap",
+        file=_OFF,
+        find="                off += rows * bb\n",
+        replace="",
+        tests=_I,
+        why="mirrors carved from the shared region must not overlap",
+    ),
+]
