@@ -16,8 +16,6 @@ copies only at a sync.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -155,66 +153,58 @@ def test_events_are_in_the_list_when_launch_copy_returns_in_launch_order():
 
 
 class Gate:
-    """A wait_event that the test releases: synchronize() blocks until then."""
+    """A wait_event that records, when it is waited on, whether the copy had landed."""
 
-    def __init__(self):
-        self.released = threading.Event()
+    def __init__(self, dst, block):
+        self.dst, self.block, self.seen = dst, block, []
 
     def synchronize(self):
-        self.released.wait()
+        self.seen.append({n: t[self.block].clone() for n, t in self.dst.items()})
 
 
-def test_a_store_waits_for_its_wait_event_and_polling_reports_it_only_then():
+def test_a_store_waits_for_its_wait_event_before_it_copies():
     gpu, cpu = make_caches()
     w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cpu"))
-    gate = Gate()
+    gate = Gate(cpu, 7)
     try:
         before = {n: t.clone() for n, t in cpu.items()}
         w.store(0, [5], [7], compute_done=gate)
-        w.store(1, [6], [8])  # queued behind the gated store on the store lane
-        for _ in range(20):
-            assert w.poll(is_store=True) == -1
-        assert_equal(cpu, before)
-        gate.released.set()
-        w.flush()
-        assert w.store_hwm == 1
-        assert_equal(cpu, reference(gpu, before, [5, 6], [7, 8]))
+        assert len(gate.seen) == 1
+        assert_equal(gate.seen[0], {n: t[7] for n, t in before.items()})  # waited before the copy
+        assert w.poll(is_store=True) == 0
+        assert_equal(cpu, reference(gpu, before, [5], [7]))
     finally:
-        gate.released.set()
         w.backend.shutdown()
 
 
-def test_a_failed_copy_raises_from_query_and_synchronize_naming_event_blocks_and_cause():
+def test_a_failed_copy_raises_from_launch_copy_naming_event_blocks_and_cause():
     gpu, cpu = make_caches()
     w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cpu"))
     try:
-        w.store(3, [1, 2], [4, HOST_BLOCKS])  # host block id == num blocks: out of range
-        _, event = w.stores[0]
-        with pytest.raises(CopyFailed, match=r"store event 3: device blocks \[1, 2\] -> host blocks "
+        with pytest.raises(CopyFailed, match=r"^kvswap: store event 3: device blocks \[1, 2\] -> host blocks "
                                              rf"\[4, {HOST_BLOCKS}\] failed: .*(range|bound)"):
-            event.synchronize()
-        with pytest.raises(CopyFailed, match="store event 3"):
-            w.poll(is_store=True)
-        # The lane goes on: a later copy lands.
-        w.stores.clear()
-        w.load(4, [0], [0])
+            w.store(3, [1, 2], [4, HOST_BLOCKS])  # host block id == num blocks: out of range
+        assert w.stores == []  # no event for a copy that did not happen
+        many = list(range(10))
+        with pytest.raises(CopyFailed, match=r"load event 4: host blocks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. 10 ids\] "
+                                             r"-> device blocks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. 10 ids\]"):
+            w.load(4, many, many[:-1] + [DEVICE_BLOCKS])
+        # The backend goes on: a later copy lands.
+        w.load(5, [0], [0])
         w.flush()
-        assert w.load_hwm == 4
+        assert w.load_hwm == 5
     finally:
         w.backend.shutdown()
 
 
-def test_shutdown_waits_for_copies_in_flight_is_idempotent_and_refuses_later_launches():
+def test_shutdown_is_idempotent_and_refuses_later_launches():
     gpu, cpu = make_caches()
     backend = KVSwapCopyBackend()
     w = VllmWorkerCalls(backend, gpu, cpu, torch.device("cpu"))
-    gate = Gate()
-    w.store(0, [0, 1, 2], [0, 1, 2], compute_done=gate)
-    threading.Timer(0.2, gate.released.set).start()
+    w.store(0, [0, 1, 2], [0, 1, 2])
     backend.shutdown()
-    assert w.stores[0][1].query()  # finished before shutdown returned
+    backend.shutdown()
     assert_equal(cpu, reference(gpu, make_caches()[1], [0, 1, 2], [0, 1, 2]))
-    backend.shutdown()
     with pytest.raises(RuntimeError, match="load event 5 launched after shutdown"):
         w.load(5, [0], [0])
 
@@ -245,15 +235,10 @@ def test_init_refuses_regions_that_do_not_pair_up(bad, message):
         KVSwapCopyBackend().init(gpu, cpu, torch.device("cpu"), None, None)
 
 
-def test_host_event_reports_success_and_failure():
-    ok, bad = HostEvent(), HostEvent()
-    assert not ok.query()
-    ok._finish()
-    assert ok.query()
-    ok.synchronize()
-    bad._finish("kvswap: load event 2 failed: boom")
-    with pytest.raises(CopyFailed, match="load event 2 failed: boom"):
-        bad.query()
+def test_host_events_are_finished_when_made():
+    event = HostEvent()
+    assert event.query()
+    event.synchronize()
 
 
 # -- the stream path's order of calls, with stand-in streams over host caches ---------
@@ -497,3 +482,35 @@ def test_a_placement_past_the_storage_is_refused():
     config = SimpleNamespace(num_blocks=4, kv_cache_tensors=[placement(["a"], 4 * 128, 128)])
     with pytest.raises(ValueError, match=r"KV cache 'a': \['a'\] place 512 bytes at offset 0, past its 400-byte"):
         kv_regions(caches, config)
+
+
+def test_the_backend_bench_checks_every_method_byte_exact_and_reports_ratios(tmp_path, capsys):
+    import json
+
+    from torch_kvswap import bench_vllm_backend
+    out = tmp_path / "b.json"
+    assert bench_vllm_backend.main(["--block-kib", "4", "1", "--layers", "3", "--blocks", "5",
+                                    "--repeats", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["block_kib"], r["layers"], r["blocks"]) for r in rows] == [(4, 3, 5), (1, 3, 5)]
+    for r in rows:
+        assert set(r["seconds"]) == {"kvswap", "loop", "pointers", "memcpy"}
+        assert r["loop_over_kvswap"] == r["seconds"]["loop"] / r["seconds"]["kvswap"]
+    assert "loop/kvswap" in capsys.readouterr().out
+
+
+def test_the_bench_loop_and_pointer_patterns_copy_like_the_reference():
+    from torch_kvswap.bench_vllm_backend import PointerCopy, loop_copy
+    gpu, _ = make_caches()
+    gpu = {n: t.view(torch.int8).view(DEVICE_BLOCKS, -1) for n, t in gpu.items()}
+    want = reference(gpu, {n: torch.zeros(HOST_BLOCKS, t.shape[1], dtype=torch.int8) for n, t in gpu.items()},
+                     [0, 3, 11], [19, 2, 4])
+    for run in ("loop", "pointers"):
+        host = {n: torch.zeros(HOST_BLOCKS, t.shape[1], dtype=torch.int8) for n, t in gpu.items()}
+        if run == "loop":
+            loop_copy(gpu, host, [0, 3, 11], [19, 2, 4])
+        else:
+            p = PointerCopy(gpu, host)
+            p.launch([0, 3, 11], [19, 2, 4]).wait()
+            p.close()
+        assert_equal(host, want)

@@ -151,14 +151,13 @@ def test_the_disk_backend_is_refused():
         build(cpu_bytes=1 << 20, extra={"kv_offload_backend": "disk", "disk_path": "/tmp/kvswap-x"})
 
 
-def test_a_failed_store_raises_from_vllms_get_finished():
+def test_a_failed_store_raises_from_vllms_wait_for_save_naming_the_copy():
     connector, caches, page = build(cpu_bytes=4 * 4 * page_bytes())
     try:
         m = SimpleCPUOffloadMetadata(store_event=0, store_gpu_blocks=[1, 2], store_cpu_blocks=[0, 4])
         connector.bind_connector_metadata(m)
-        connector.wait_for_save()  # host block 4 of 4: out of range
-        with pytest.raises(kvswap_vllm.CopyFailed,
+        with pytest.raises(kvswap_vllm.CopyFailed,  # host block 4 of 4: out of range
                            match=r"store event 0: device blocks \[1, 2\] -> host blocks \[0, 4\] failed"):
-            connector.handle_preemptions(SimpleCPUOffloadMetadata(need_flush=True))
+            connector.wait_for_save()
     finally:
         connector.shutdown()

@@ -148,8 +148,12 @@ def main(argv=None) -> int:
                    help="blocks per launch (default: 8 MiB per launch, at least 8 blocks)")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for the run (the host engine's copy threads)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = []
     print(f"{'block':>8} {'blocks':>6} {'kvswap ms':>10} {'loop ms':>9} {'pointers ms':>11} "
           f"{'memcpy ms':>9} {'loop/kvswap':>11} {'pointers/kvswap':>15} {'kvswap/memcpy':>13} "

@@ -27,13 +27,17 @@ Differences from those backends, all on the safe side:
   Python work to hide on a thread) and the event is in ``events_list`` when
   ``launch_copy`` returns: a flush right after a launch waits for it. vLLM's
   backends append it later from their copy thread.
-* With no accelerator (``device.type == "cpu"``) each direction has its own
-  copy thread, like a stream, and its events are :class:`HostEvent` objects
-  with ``query()``/``synchronize()``.
-* A copy that fails raises instead of being skipped: in ``launch_copy`` when
-  the launch fails, else from the event's ``query()``/``synchronize()``, which
-  vLLM's worker calls every step. The error names the event, the direction,
-  the blocks and the cause.
+* With no accelerator (``device.type == "cpu"``) ``launch_copy`` waits for
+  ``wait_event`` and copies on the calling thread (the host engine spreads
+  the copy over torch's intra-op threads), as vLLM's synchronous
+  ``CpuCopyBackend`` does; the event it appends is a finished
+  :class:`HostEvent`. On the host the copy and the model compete for the same
+  cores, so a copy thread would buy no overlap, and handing each launch to one
+  costs a thread wake-up, milliseconds on a loaded machine.
+* A copy that fails raises :class:`CopyFailed` from ``launch_copy`` instead
+  of being skipped, naming the event, the direction, the blocks and the
+  cause; an asynchronous device error surfaces from the event's
+  ``query()``/``synchronize()``, which vLLM's worker calls every step.
 * ``launch_copy`` after ``shutdown()`` raises; ``shutdown()`` waits for the
   copies in flight and is idempotent.
 """
@@ -41,8 +45,6 @@ Differences from those backends, all on the safe side:
 from __future__ import annotations
 
 import math
-import queue
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,30 +60,14 @@ class CopyFailed(RuntimeError):
 
 
 class HostEvent:
-    """The event of one host-engine copy: ``query()`` and ``synchronize()``
-    like ``torch.Event``; both raise :class:`CopyFailed` if the copy failed."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: str | None = None
-
-    def _finish(self, error: str | None = None) -> None:
-        self._error = error
-        self._done.set()
+    """The event of a host-engine copy, finished when it is made (the copy ran
+    in ``launch_copy``): ``query()`` is ``True``, ``synchronize()`` returns."""
 
     def query(self) -> bool:
-        """Whether the copy has finished (never blocks)."""
-        if not self._done.is_set():
-            return False
-        if self._error is not None:
-            raise CopyFailed(self._error)
         return True
 
     def synchronize(self) -> None:
-        """Block until the copy has finished."""
-        self._done.wait()
-        if self._error is not None:
-            raise CopyFailed(self._error)
+        pass
 
 
 def _describe(is_store: bool, event_idx: int, src: torch.Tensor, dst: torch.Tensor) -> str:
@@ -100,8 +86,6 @@ class KVSwapCopyBackend:
         self._device_caches: list[torch.Tensor] = []
         self._host_caches: list[torch.Tensor] = []
         self._streams: dict[bool, Any] = {}
-        self._queues: dict[bool, queue.SimpleQueue] = {}
-        self._threads: list[threading.Thread] = []
         self._initialized = False
         self._closed = False
 
@@ -118,7 +102,7 @@ class KVSwapCopyBackend:
             device: the caches' device (``cuda``, ``npu``, ``cpu``, ...).
             load_stream, store_stream: ``torch.Stream``s of ``device`` (or of
                 its own stream class, e.g. ``torch.cuda.Stream``); ignored on
-                the host, where each direction gets a copy thread.
+                the host, where the copies run in ``launch_copy``.
         """
         if self._initialized:
             raise RuntimeError("KVSwapCopyBackend.init was already called")
@@ -139,15 +123,7 @@ class KVSwapCopyBackend:
         self._device_caches = list(gpu_caches.values())
         self._host_caches = [cpu_caches[name] for name in gpu_caches]
         self.device = torch.device(device)
-        if self.device.type == "cpu":
-            for is_store in (True, False):
-                self._queues[is_store] = queue.SimpleQueue()
-                t = threading.Thread(target=self._host_loop, args=(self._queues[is_store],),
-                                     name=f"kvswap-simple-{'store' if is_store else 'load'}",
-                                     daemon=True)
-                t.start()
-                self._threads.append(t)
-        else:
+        if self.device.type != "cpu":
             self._streams = {True: store_stream, False: load_stream}
         self._initialized = True
 
@@ -157,7 +133,8 @@ class KVSwapCopyBackend:
         """Copy ``src_blocks[i]`` -> ``dst_blocks[i]`` of every region, device to
         host when ``is_store``, else host to device, after ``wait_event``
         (``None``: no wait); appends ``(event_idx, event)`` to ``events_list``
-        before returning. Raises :class:`CopyFailed` if the launch fails."""
+        before returning. Raises :class:`CopyFailed` if the copy (on the
+        host) or its launch (on an accelerator) fails."""
         if not self._initialized or self._closed:
             raise RuntimeError(f"KVSwapCopyBackend: {'store' if is_store else 'load'} event "
                                f"{event_idx} launched {'after shutdown' if self._closed else 'before init'}")
@@ -165,40 +142,23 @@ class KVSwapCopyBackend:
         dst = torch.as_tensor(dst_blocks, dtype=torch.int64).reshape(-1)
         src_caches, dst_caches = ((self._device_caches, self._host_caches) if is_store else
                                   (self._host_caches, self._device_caches))
-        if self._queues:
-            event = HostEvent()
-            events_list.append((event_idx, event))
-            self._queues[is_store].put((src_caches, dst_caches, src, dst, is_store, event_idx,
-                                        event, wait_event))
-            return
-        stream = self._streams[is_store]
         try:
-            with stream:
+            if not self._streams:
                 if wait_event is not None:
-                    stream.wait_event(wait_event)
+                    wait_event.synchronize()
                 ops.swap_blocks(src_caches, dst_caches, src, dst)
-                event = stream.record_event()
+                event = HostEvent()
+            else:
+                stream = self._streams[is_store]
+                with stream:
+                    if wait_event is not None:
+                        stream.wait_event(wait_event)
+                    ops.swap_blocks(src_caches, dst_caches, src, dst)
+                    event = stream.record_event()
         except Exception as exc:
             raise CopyFailed(f"kvswap: {_describe(is_store, event_idx, src, dst)} failed: "
                              f"{type(exc).__name__}: {exc}") from exc
         events_list.append((event_idx, event))
-
-    @staticmethod
-    def _host_loop(jobs: queue.SimpleQueue) -> None:
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            src_caches, dst_caches, src, dst, is_store, event_idx, event, wait_event = job
-            try:
-                if wait_event is not None:
-                    wait_event.synchronize()
-                ops.swap_blocks(src_caches, dst_caches, src, dst)
-            except Exception as exc:  # noqa: BLE001 - raised from the event's query/synchronize
-                event._finish(f"kvswap: {_describe(is_store, event_idx, src, dst)} failed: "
-                              f"{type(exc).__name__}: {exc}")
-            else:
-                event._finish()
 
     def shutdown(self) -> None:
         """Wait for the copies in flight and stop; idempotent. ``launch_copy``
@@ -206,9 +166,5 @@ class KVSwapCopyBackend:
         if self._closed:
             return
         self._closed = True
-        for q in self._queues.values():
-            q.put(None)
-        for t in self._threads:
-            t.join()
         for stream in self._streams.values():
             stream.synchronize()
