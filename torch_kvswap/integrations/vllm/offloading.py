@@ -24,14 +24,11 @@ built with an ``OffloadingConfig`` and asked for ``get_manager()`` and
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 
 from .compat import check_vllm
-
-logger = logging.getLogger("torch_kvswap")
 
 __all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG"]
 
