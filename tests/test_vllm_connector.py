@@ -11,7 +11,6 @@ Runs in the vLLM environment made by scripts/test_vllm.sh; skipped elsewhere.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 from dataclasses import dataclass, field
@@ -363,7 +362,7 @@ def test_unaligned_first_and_last_chunks_both_directions(layout):
         connector.shutdown()
 
 
-def test_a_failed_job_is_never_reported_as_success(caplog):
+def test_a_failed_job_raises_naming_the_job_the_copy_and_the_cause():
     connector, caches, groups = build("one", 2, num_chunks=8)
     worker = connector.connector_worker.worker
     real = worker.offloader._copy
@@ -377,14 +376,79 @@ def test_a_failed_job_is_never_reported_as_success(caplog):
             "r", GPULoadStoreSpec([1, 2], [2], [0]), CPULoadStoreSpec([0]))}, jobs_to_flush={7})
         connector.bind_connector_metadata(meta)
         connector.handle_preemptions(meta)
-        with caplog.at_level(logging.ERROR, logger="torch_kvswap"):
-            # vLLM 0.33 asserts success on every result: the failure surfaces
-            # as an AssertionError in get_finished, after the reason is logged.
-            with pytest.raises(AssertionError):
-                connector.get_finished(set())
-        assert "vLLM job 7 failed: RuntimeError: simulated copy failure" in caplog.text
+        # Not vLLM's `assert success` (gone under python -O): the worker raises.
+        with pytest.raises(kvswap_vllm.TransferFailed,
+                           match=r"vLLM offloading job 7 failed: store of device blocks \[1, 2\] -> "
+                                 r"host chunks \[0\]: RuntimeError: simulated copy failure"):
+            connector.get_finished(set())
     finally:
         worker.offloader._copy = real
+        connector.shutdown()
+
+
+def test_a_failed_load_names_its_blocks_and_chunks():
+    connector, caches, groups = build("one", 2, num_chunks=8)
+    worker = connector.connector_worker.worker
+    worker.offloader._copy = lambda job: (_ for _ in ()).throw(OSError("bad host page"))
+    try:
+        worker.submit_load(3, CPULoadStoreSpec([5, 6]), GPULoadStoreSpec([9, 10, 11], [3], [1]))
+        worker.wait({3})
+        with pytest.raises(kvswap_vllm.TransferFailed,
+                           match=r"job 3 failed: load of device blocks \[9, 10, 11\] <- host chunks "
+                                 r"\[5, 6\]: OSError: bad host page"):
+            worker.get_finished()
+    finally:
+        connector.shutdown()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"canonical_layout": True}, "does not support canonical_layout"),
+    ({"secondary_tiers": []}, r"does not support kv_connector_extra_config keys \['secondary_tiers'\]"),
+    ({"cpu_bytes_to_use_typo": 1}, r"keys \['cpu_bytes_to_use_typo'\]"),
+])
+def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
+    config = VllmConfig(
+        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
+        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                            kv_connector_extra_config={
+                                                "spec_name": "KVSwapOffloadingSpec",
+                                                "spec_module_path": "torch_kvswap.integrations.vllm",
+                                                "cpu_bytes_to_use": 1 << 20, **extra}))
+    kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    with set_current_vllm_config(config), pytest.raises(ValueError, match=message):
+        OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+
+
+def test_kv_offloading_size_sizes_the_host_mirrors():
+    # vLLM's --kv-offloading-size (GiB): it selects the OffloadingConnector
+    # and sets cpu_bytes_to_use; the extra config names only the spec.
+    config = VllmConfig(
+        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS, kv_offloading_size=0.001,
+                                 kv_offloading_backend="native"),
+        kv_transfer_config=KVTransferConfig(kv_connector_extra_config={
+            "spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
+            "blocks_per_chunk": 1}))
+    assert config.kv_transfer_config.kv_connector == "OffloadingConnector"
+    page = attention_spec(False).page_size_bytes
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * 4, layers=[name],
+                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
+                          for name in LAYERS],
+        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    with set_current_vllm_config(config):
+        connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
+    connector.register_kv_caches({name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
+                                  for name in LAYERS})
+    try:
+        off = connector.connector_worker.worker.offloader
+        want = int(0.001 * 2**30) // (-(-4 * page // 4096) * 4096)
+        assert off.num_host_blocks == connector.connector_worker.spec.num_chunks == want > 0
+        assert off.host_bytes_needed <= 0.001 * 2**30
+    finally:
         connector.shutdown()
 
 
@@ -407,3 +471,118 @@ def test_the_spec_is_found_through_vllms_factory():
                                               "spec_module_path": "torch_kvswap.integrations.vllm"})
     assert cls is kvswap_vllm.KVSwapOffloadingSpec
     assert kvswap_vllm.check_vllm().OffloadingWorker.__name__ == "OffloadingWorker"
+
+
+# -- MLA under tensor parallelism: vLLM's one-copy shared host region ---------------
+
+
+def offloading_config(tp: int, rank: int, replicated: bool, engine_id: str, cpu_bytes: int,
+                      blocks_per_chunk: int = 2):
+    """vLLM's own OffloadingConfig for this model, as worker `rank` of `tp`."""
+    import dataclasses
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+    page = attention_spec(False).page_size_bytes
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * 4, layers=[name],
+                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
+                          for name in LAYERS],
+        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    config = VllmConfig(
+        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
+        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                            engine_id=engine_id, kv_connector_extra_config={
+                                                "spec_name": "KVSwapOffloadingSpec",
+                                                "spec_module_path": "torch_kvswap.integrations.vllm",
+                                                "cpu_bytes_to_use": cpu_bytes,
+                                                "blocks_per_chunk": blocks_per_chunk}))
+    with set_current_vllm_config(config):
+        base = build_offloading_config(config, kv_cache_config)
+    parallel = dataclasses.replace(base.parallel, rank=rank, world_size=tp, tp_size=tp)
+    return dataclasses.replace(base, parallel=parallel, replicated_layout=replicated)
+
+
+@pytest.fixture
+def cuda_like_platform(monkeypatch):
+    """vLLM's CPUOffloadingSpec uses its shared region on CUDA (and XPU) only."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+    monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
+
+
+@pytest.mark.parametrize("tp", [4, 8])
+def test_mla_under_tp_holds_as_many_chunks_as_vllms_own_spec(cuda_like_platform, tp):
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+    cpu_bytes = 64 << 20
+    for replicated in (True, False):
+        config = offloading_config(tp, 0, replicated, "capacity", cpu_bytes)
+        ours, theirs = kvswap_vllm.KVSwapOffloadingSpec(config), CPUOffloadingSpec(config)
+        assert ours.replicated_layout == theirs.replicated_layout == replicated
+        assert ours.num_chunks == theirs.num_chunks > 0
+    one_copy = kvswap_vllm.KVSwapOffloadingSpec(offloading_config(tp, 0, True, "c", cpu_bytes)).num_chunks
+    per_rank = kvswap_vllm.KVSwapOffloadingSpec(offloading_config(tp, 0, False, "c", cpu_bytes)).num_chunks
+    assert one_copy >= tp * per_rank
+
+
+def test_replicated_workers_share_one_host_copy(cuda_like_platform, monkeypatch):
+    """Four TP workers (threads here, processes in vLLM) map vLLM's one-copy
+    region: what rank 0 stores, rank 3 loads, byte-exact; the region is
+    cpu_bytes_to_use at most, and every rank holds vLLM's chunk count."""
+    import threading
+    import uuid
+
+    from vllm.v1.kv_offload.cpu import spec as cpu_spec
+    tp, cpu_bytes, bpc = 4, 8 << 20, 2
+    barrier = threading.Barrier(tp, timeout=60)
+    monkeypatch.setattr(cpu_spec, "_all_workers_barrier", barrier.wait)
+    captured = {}
+    real_get_worker = kvswap_vllm.KVSwapOffloadingSpec.get_worker
+
+    def capture(self, kv_caches):
+        captured["kv_caches"] = kv_caches
+        return real_get_worker(self, kv_caches)
+
+    monkeypatch.setattr(kvswap_vllm.KVSwapOffloadingSpec, "get_worker", capture)
+    connector, caches, groups = build("one", bpc, num_chunks=4)
+    connector.shutdown()
+    engine_id = f"kvswap-test-{uuid.uuid4().hex[:8]}"
+    workers, errors = [None] * tp, []
+
+    def start(rank):
+        try:
+            spec = kvswap_vllm.KVSwapOffloadingSpec(offloading_config(tp, rank, True, engine_id, cpu_bytes, bpc))
+            workers[rank] = spec.get_worker(captured["kv_caches"])
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in range(tp)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    try:
+        theirs = cpu_spec.CPUOffloadingSpec(offloading_config(tp, 0, True, engine_id, cpu_bytes, bpc))
+        region = workers[0].shared_region
+        assert region.total_size_bytes <= cpu_bytes
+        for w in workers:
+            assert w.offloader.num_host_blocks == theirs.num_chunks
+        for name in LAYERS:
+            caches[name].copy_(torch.randn(caches[name].shape).half())
+        want = {name: caches[name][[3, 4, 5]].clone() for name in LAYERS}
+        workers[0].submit_store(1, GPULoadStoreSpec([3, 4, 5], [3], [0]), CPULoadStoreSpec([6, 7]))
+        workers[0].wait({1})
+        assert [r.job_id for r in workers[0].get_finished()] == [1]
+        for name in LAYERS:
+            caches[name].zero_()
+        workers[3].submit_load(2, CPULoadStoreSpec([6, 7]), GPULoadStoreSpec([10, 11, 12], [3], [0]))
+        workers[3].wait({2})
+        assert [r.job_id for r in workers[3].get_finished()] == [2]
+        for name in LAYERS:
+            assert torch.equal(caches[name][[10, 11, 12]], want[name]), name
+    finally:
+        for w in workers:
+            if w is not None:
+                w.shutdown()

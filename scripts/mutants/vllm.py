@@ -1,0 +1,136 @@
+"""Mutants of torch_kvswap/integrations/vllm/ (data for scripts/mutation_check.py).
+
+Their tests run in .venv, without vLLM: the copy backend is driven by the calls
+vLLM's worker makes, and the offloading plug-in is built on a stand-in of
+vLLM's interface (tests/test_vllm_import.py). The tests in vLLM's own
+environments (scripts/test_vllm.sh) cover the same code against the real thing.
+"""
+
+_BACKEND = "torch_kvswap/integrations/vllm/copy_backend.py"
+_OFF = "torch_kvswap/integrations/vllm/offloading.py"
+# One test each (node ids): the CI's --fast pass runs every mutant.
+_B = "tests/test_vllm_copy_backend.py::"
+_I = "tests/test_vllm_import.py::"
+
+MUTANTS = [
+    dict(
+        name="vllm-backend-host-wait-event-ignored",
+        file=_BACKEND,
+        find="                if wait_event is not None:\n                    wait_event.synchronize()\n",
+        replace="",
+        tests=[_B + "test_a_store_waits_for_its_wait_event_before_it_copies"],
+        why="a store must not read the KV cache before its compute-done event (wait_event)",
+    ),
+    dict(
+        name="vllm-backend-stream-wait-event-ignored",
+        file=_BACKEND,
+        find="                    if wait_event is not None:\n                        stream.wait_event(wait_event)\n",
+        replace="",
+        tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
+        why="on an accelerator the copy stream must wait for wait_event before the copy",
+    ),
+    dict(
+        name="vllm-backend-stream-event-not-listed",
+        file=_BACKEND,
+        find="        events_list.append((event_idx, event))\n",
+        replace="",
+        tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
+        why="vLLM's worker polls events_list: a launch whose event is missing never completes",
+    ),
+    dict(
+        name="vllm-backend-failure-not-named",
+        file=_BACKEND,
+        find="        except Exception as exc:\n",
+        replace="        except ImportError as exc:\n",
+        tests=[_B + "test_a_failed_copy_raises_from_launch_copy_naming_event_blocks_and_cause"],
+        why="a failed copy must raise CopyFailed naming the event, the blocks and the cause",
+    ),
+    dict(
+        name="vllm-backend-shutdown-does-not-wait",
+        file=_BACKEND,
+        find="        for stream in self._streams.values():\n            stream.synchronize()\n",
+        replace="",
+        tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
+        why="shutdown must let the copies in flight finish before the mirrors are released",
+    ),
+    dict(
+        name="vllm-backend-shutdown-not-idempotent",
+        file=_BACKEND,
+        find="        if self._closed:\n            return\n        self._closed = True\n",
+        replace="        self._closed = True\n",
+        tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
+        why="a second shutdown must do nothing (vLLM and the connector may both call it)",
+    ),
+    dict(
+        name="vllm-backend-launch-after-shutdown",
+        file=_BACKEND,
+        find="        if not self._initialized or self._closed:",
+        replace="        if not self._initialized:",
+        tests=[_B + "test_shutdown_is_idempotent_and_refuses_later_launches"],
+        why="a launch after shutdown must raise, not queue on a stopped copy thread",
+    ),
+    dict(
+        name="vllm-regions-kv-halves-overlap",
+        file="torch_kvswap/integrations/vllm/simple_offload.py",
+        find="int(kt.offset) + l * int(kt.layer_stride) + i * span)",
+        replace="int(kt.offset) + l * int(kt.layer_stride) + i * stride)",
+        tests=[_B + "test_a_layer_with_k_and_v_halves_outermost_gives_two_regions"],
+        why="the regions inside one layer's span (K and V halves) start a whole block span apart",
+    ),
+    dict(
+        name="vllm-regions-overlays-twice",
+        file="torch_kvswap/integrations/vllm/simple_offload.py",
+        find="            if region.data_ptr() in seen:\n                continue\n",
+        replace="",
+        tests=[_B + "test_layers_sharing_one_allocation_and_overlaid_groups_give_each_region_once"],
+        why="groups that overlay one allocation must give its regions once (else copied twice)",
+    ),
+    dict(
+        name="vllm-regions-block-outermost-offset",
+        file="torch_kvswap/integrations/vllm/simple_offload.py",
+        find="int(kt.offset) - int(kt.offset) % stride)]",
+        replace="int(kt.offset))]",
+        tests=[_B + "test_block_outermost_packing_gives_one_region_of_packed_blocks"],
+        why="a packed block starts at a multiple of block_stride, not at a layer's offset in it",
+    ),
+    dict(
+        name="vllm-failed-job-reported-as-success",
+        file=_OFF,
+        find="                if not r.success:\n",
+        replace="                if False:\n",
+        tests=[_I + "test_a_failed_store_raises_from_get_finished_naming_job_copy_and_cause"],
+        why="vLLM only asserts success (gone under python -O): the worker must raise for a failed job",
+    ),
+    dict(
+        name="vllm-canonical-layout-accepted",
+        file=_OFF,
+        find='            if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):',
+        replace='            if extra.get("canonical_layout"):',
+        tests=[_I + "test_the_spec_refuses_unsupported_configuration_when_built"],
+        why="canonical_layout set on the config (not the extra keys) must be refused at spec build too",
+    ),
+    dict(
+        name="vllm-unknown-keys-accepted",
+        file=_OFF,
+        find="            if unknown:\n",
+        replace="            if False:\n",
+        tests=[_I + "test_the_spec_refuses_unsupported_configuration_when_built"],
+        why="an unsupported extra-config key must fail when the spec is built, not be ignored",
+    ),
+    dict(
+        name="vllm-release-signature-not-its-own",
+        file="torch_kvswap/integrations/vllm/compat.py",
+        find="    allowed = [SUBMIT_LOAD[release]] if release else list(SUBMIT_LOAD.values())",
+        replace="    allowed = list(SUBMIT_LOAD.values())",
+        tests=[_I + "test_a_supported_release_with_the_other_releases_signature_is_refused"],
+        why="each supported release must have its own submit_load signature",
+    ),
+    dict(
+        name="vllm-shared-region-mirrors-overlap",
+        file=_OFF,
+        find="                off += rows * bb\n",
+        replace="",
+        tests=[_I + "test_offloaders_on_one_shared_region_see_each_others_bytes"],
+        why="mirrors carved from the shared region must not overlap",
+    ),
+]

