@@ -6,9 +6,10 @@
 //
 // Paths (docs/ascend.md has the table per CANN version):
 //   batch           aclrtMemcpyBatchAsync, up to kMaxBatchEntries descriptors
-//                   a call: host<->device copies, stream known not to be
-//                   captured, batch API present and not refused with 207000
-//                   on this device;
+//                   a call (a stream's first batch: one): host<->device
+//                   copies, stream known not to be captured, batch API
+//                   present and this stream's first batch not refused with
+//                   207000;
 //   per-descriptor  one aclrtMemcpyAsync per descriptor: device->device (the
 //                   batch API takes host<->device only), a stream that is or
 //                   may be captured (the path legal in and out of capture),

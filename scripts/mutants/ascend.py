@@ -19,8 +19,8 @@ MUTANTS = [
     dict(
         name="ascend-batch-api-assumed-present",
         file="csrc/ascend/ascend_engine.cpp",
-        find="api_.memcpy_batch_async != nullptr && !batch_unsupported(device.index())",
-        replace="!batch_unsupported(device.index())",
+        find="api_.memcpy_batch_async != nullptr && batch_state(stream) != BatchState::kRefused",
+        replace="batch_state(stream) != BatchState::kRefused",
         tests=FAKE,
         why="finding 1: a CANN without aclrtMemcpyBatchAsync loses every copy "
             "(test_1_engine_copies_without_the_batch_api)",

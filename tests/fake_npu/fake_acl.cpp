@@ -312,6 +312,13 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
   }
   // Same address: nothing to copy [api_error.cc:2249-2251].
   if (dst == src) return 0;
+  // A stream in a sub ACL graph capture refuses host<->device (UB DMA)
+  // copies with 207000 [api_error.cc:2253-2255; capture_model_utils.cc:421-470],
+  // as it refuses batches (memcpy_batch_async).
+  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && real != MemcpyKind::kDeviceToDevice) {
+    return rt().error(ascend::kAclFeatureNotSupported,
+                      "aclrtMemcpyAsync: stream belongs to sub ACL Graph, does not support asynchronous memory copy");
+  }
   // On-chip device-to-device copies need 64-byte-aligned addresses
   // [hdr acl_rt.h:2232-2234]. The header gives no error code; the fake
   // answers ACL_ERROR_RT_ADDR_UNALIGNED.
@@ -573,8 +580,9 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
                                              "] must exceed the previous entry and be below numBatches");
     }
   }
-  // A stream bound to a sub ACL graph on a UB runtime: 207000 for that
-  // stream only [api_error.cc:7382-7384].
+  // A stream bound to a sub ACL graph (a capture into one,
+  // capture_model_utils.cc:421-441) on a UB runtime: 207000 for that stream
+  // only [api_error.cc:7382-7384].
   if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {
     return rt().error(ascend::kAclFeatureNotSupported,
                       "aclrtMemcpyBatchAsync: stream belongs to sub ACL Graph, does not support "
