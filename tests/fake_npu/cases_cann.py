@@ -275,13 +275,42 @@ def test_207000_for_a_later_batch_of_a_call_is_not_reissued_from_descriptor_0(fa
     assert fake.pending(0, 0) == 4096 and fake.calls("aclrtMemcpyAsync") == 0
 
 
-def test_a_refused_first_batch_latches_and_copies_per_descriptor(fake):
+def test_a_refused_first_batch_latches_and_copies_per_descriptor(fake, capfd, recwarn):
+    """A device-wide refusal costs one refused one-entry call per stream, and
+    is logged once per device."""
     fake.refuse_batches_on_device(0)
-    src, dst = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    src, dst = host_blocks(12, BLOCK, 1), device_blocks(12, BLOCK, 2)
     pointer_copy(src, dst, scattered(4), 0)
     assert fake.calls("aclrtMemcpyBatchAsync") == 1 and fake.calls("aclrtMemcpyAsync") == 4
+    with torch.Stream(device="npu:0"):
+        pointer_copy(src, dst, [(8, 8), (10, 10)], 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 2 and fake.calls("aclrtMemcpyAsync") == 6
     torch.accelerator.synchronize()
     assert torch.equal(dst.cpu()[::2], src[::2])
+    log = capfd.readouterr().err + "".join(str(w.message) for w in recwarn)
+    assert log.count("answered 207000") == 1
+
+
+def test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_parts(fake):
+    """A stream's first batch (descriptor 0) is queued; the next part fails
+    its check at its first entry: only descriptor 0 is on the stream."""
+    src, dst, other = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
+    sp = torch.tensor([src.data_ptr(), src.data_ptr() + 2 * BLOCK])
+    dp = torch.tensor([dst.data_ptr(), other.data_ptr()])
+    with pytest.raises(RuntimeError) as info:
+        torch_kvswap.swap_blocks_batch(sp, dp, torch.full((2,), BLOCK), 0)
+    text = str(info.value)
+    assert "failed at descriptor 1" in text and "copies 0..0 of this call were already queued" in text
+    assert "may have been queued" not in text
+    assert fake.pending(0, 0) == 1
+
+
+def test_without_the_attribute_query_a_registration_is_taken_at_its_word(fake):
+    fake.set_absent(["aclrtPointerGetAttributes"])
+    fake.set_register_does_nothing(True)
+    buf = aligned_host_buffer(1 << 14)
+    torch.ops.kvswap._host_register(buf, NPU, True)  # nothing can say otherwise
+    assert fake.kind(buf.data_ptr()) == "pageable" and fake.calls("aclrtPointerGetAttributes") == 0
 
 
 def test_batch_error_with_a_failing_index_never_says_nothing_was_queued(fake):
