@@ -293,6 +293,14 @@ MUTANTS = [
         why="api_error.cc:7382-7384 refuses one stream with 207000",
     ),
     dict(
+        name="fake-acl-sub-graph-stream-takes-copies",
+        file=FAKE_ACL,
+        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && real != MemcpyKind::kDeviceToDevice) {\n",
+        replace="  if (false) {\n",
+        tests=cann("test_refusals_for_a_device_and_for_one_stream"),
+        why="api_error.cc:2253-2255 refuses host<->device aclrtMemcpyAsync on a stream in a sub-graph capture",
+    ),
+    dict(
         name="fake-acl-no-device-refusal",
         file=FAKE_ACL,
         find="  if (rt().batch_refused_devices.count(s->device) != 0) {\n",
