@@ -2,8 +2,8 @@
 # Line coverage of the Ascend engine's logic (csrc/ascend/ascend_engine.cpp)
 # by the CPU suite's fake-ACL cases: builds the test extension with --coverage
 # into a temporary directory, runs every case session (as
-# tests/test_ascend_fake.py does), then asks gcov. Prints the figure and exits
-# non-zero below the floor (default 90 %, or $1).
+# tests/test_ascend_fake.py does), then asks gcov. Prints the line and branch
+# figures and exits non-zero when lines fall below the floor (default 90 %, or $1).
 # csrc/ascend/acl_real.cpp, the binding to the real ACL, runs only on an NPU.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 FLOOR="${1:-90}"
@@ -18,12 +18,15 @@ for f in "${CASES[@]}"; do [ "$f" = tests/fake_npu/cases_load.py ] || MAIN+=("$f
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider -o "python_files=cases_*.py")
 echo "[coverage] fake-ACL cases with --coverage (build in $WORK)"
 "${PYTEST[@]}" "${MAIN[@]}"
-KVSWAP_FAKE_ACL_ABSENT=aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin \
+KVSWAP_FAKE_ACL_ABSENT="$("$PY" -c 'import sys; sys.path.insert(0, "tests"); import test_ascend_fake as t; print(t.LOAD_ABSENT)')" \
   "${PYTEST[@]}" tests/fake_npu/cases_load.py
 cd "$WORK/build"
-gcov -o . "$ROOT/csrc/ascend/ascend_engine.cpp" > gcov.txt 2>&1 || { cat gcov.txt; exit 1; }
-LINE="$(grep -A1 "File '$ROOT/csrc/ascend/ascend_engine.cpp'" gcov.txt | grep 'Lines executed' | head -1)"
+gcov -b -o . "$ROOT/csrc/ascend/ascend_engine.cpp" > gcov.txt 2>&1 || { cat gcov.txt; exit 1; }
+FILE_STATS="$(grep -A4 "File '$ROOT/csrc/ascend/ascend_engine.cpp'" gcov.txt)"
+LINE="$(echo "$FILE_STATS" | grep 'Lines executed' | head -1)"
 echo "[coverage] csrc/ascend/ascend_engine.cpp: $LINE"
+echo "[coverage] csrc/ascend/ascend_engine.cpp: $(echo "$FILE_STATS" | grep 'Branches executed' | head -1)"
+echo "[coverage] csrc/ascend/ascend_engine.cpp: $(echo "$FILE_STATS" | grep 'Taken at least once' | head -1)"
 if [ -n "${KVSWAP_COVERAGE_KEEP:-}" ]; then cp ascend_engine.cpp.gcov "$KVSWAP_COVERAGE_KEEP"; fi
 PCT="$(echo "$LINE" | sed -E 's/Lines executed:([0-9.]+)%.*/\1/')"
 awk -v p="$PCT" -v f="$FLOOR" 'BEGIN { exit !(p + 0 >= f + 0) }' || {

@@ -2,8 +2,10 @@
 
 The cases live in tests/fake_npu/cases_*.py. They need the fake 'npu'
 PrivateUse1 backend, which is process-wide and becomes torch's accelerator
-once loaded, so they run in child pytest sessions; each test here reports one
-case function of a child session (all its parametrizations). The first run
+once loaded, so they run in child pytest sessions, one per case file, started
+when a test here first needs it (a node id such as
+``test_fake_npu[main-cases_cann-test_x]`` runs one file); each test here
+reports one case function of a child session (all its parametrizations). The first run
 builds the test extension into build/fake_npu/ (about a minute on two cores);
 later runs reuse it.
 """
@@ -22,7 +24,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).resolve().parent / "fake_npu"
-LOAD_ABSENT = "aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin"
+LOAD_ABSENT = ("aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin,aclrtHostRegisterV2,"
+               "aclrtPointerGetAttributes,aclGetRecentErrMsg")  # every optional ACL function
 # session -> (case files, extra environment)
 SESSIONS = {
     "main": (sorted(p for p in CASES.glob("cases_*.py") if p.name != "cases_load.py"), {}),
@@ -44,9 +47,9 @@ def case_functions() -> list[tuple[str, str, str]]:
     return out
 
 
-def run_session(session: str, tmp: Path) -> tuple[dict, str]:
-    files, env = SESSIONS[session]
-    xml = tmp / f"{session}.xml"
+def run_session(session: str, files: list[Path], tmp: Path) -> tuple[dict, str]:
+    env = SESSIONS[session][1]
+    xml = tmp / f"{session}-{files[0].stem}.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=cases_*.py",
          f"--junitxml={xml}", *map(str, files)],
@@ -69,14 +72,22 @@ def run_session(session: str, tmp: Path) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def child(tmp_path_factory):
+    """(session, case module) -> that module's child session results, run once."""
     tmp = tmp_path_factory.mktemp("fake_npu")
-    return {session: run_session(session, tmp) for session in SESSIONS}
+    done: dict[tuple[str, str], tuple[dict, str]] = {}
+
+    def results(session: str, module: str) -> tuple[dict, str]:
+        if (session, module) not in done:
+            done[(session, module)] = run_session(session, [CASES / f"{module}.py"], tmp)
+        return done[(session, module)]
+
+    return results
 
 
 @pytest.mark.parametrize("session,module,function", case_functions(),
                          ids=lambda v: v if isinstance(v, str) else None)
 def test_fake_npu(child, session, module, function):
-    results, output = child[session]
+    results, output = child(session, module)
     runs = results.get((module, function))
     assert runs, f"{module}::{function} did not run in the child session:\n{output[-6000:]}"
     bad = [f"{name}: {verdict}" for name, verdict in runs if verdict != "passed"]

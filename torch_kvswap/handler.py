@@ -62,6 +62,8 @@ __all__ = ["KVCacheOffloader", "TransferResult", "HostBlocks", "DeviceBlocks"]
 
 BlockIds = Union[Sequence[int], np.ndarray, torch.Tensor]
 _PAGE = 4096  # host mirrors start on page boundaries and never share a page
+# Host buffers whose unregistration failed at shutdown (see shutdown()).
+_STILL_REGISTERED: list[torch.Tensor] = []
 _LANES = ("store", "load", "expedited")
 
 
@@ -643,8 +645,16 @@ class KVCacheOffloader:
                 self._queues[lane].put(None)
                 worker.join()
         if self._registered:
-            torch.ops.kvswap._host_register(self._buffer, self.device, False)
             self._registered = False
+            try:
+                torch.ops.kvswap._host_register(self._buffer, self.device, False)
+            except (NotImplementedError, RuntimeError) as exc:
+                # The runtime still counts the range as registered: keep its
+                # memory for the life of the process rather than hand it back
+                # to the allocator, and release everything else.
+                _STILL_REGISTERED.append(self._allocation)
+                logger.error("kvswap: unregistering %d host bytes at shutdown failed (%s); the "
+                             "buffer is kept for the life of the process", self._buffer.numel(), exc)
         self.host_tensors = []
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._allocation = self._buffer

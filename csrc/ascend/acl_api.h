@@ -54,6 +54,14 @@ struct MemcpyBatchAttr {
   uint8_t rsv[16];
 };
 
+// aclrtPtrAttributes (acl/acl_rt.h:324): what aclrtPointerGetAttributes
+// reports of an address.
+struct PtrAttributes {
+  MemLocation location;
+  uint32_t pageSize;
+  uint32_t rsv[4];
+};
+
 // aclmdlRICaptureStatus (acl/acl_rt.h:410).
 enum class CaptureStatus : int32_t {
   kNone = 0,
@@ -82,6 +90,9 @@ struct AclApi {
   // this CANN can capture at all (see Engine::capture_state).
   bool capture_begin_present = false;
   AclError (*host_register_v2)(void* ptr, uint64_t size, uint32_t flag) = nullptr;
+  // aclrtPointerGetAttributes (acl/acl_rt.h:1937): checks that a range
+  // pinned in place is registered host memory (Engine::host_register).
+  AclError (*pointer_get_attributes)(const void* ptr, PtrAttributes* attributes) = nullptr;
 };
 
 }  // namespace ascend

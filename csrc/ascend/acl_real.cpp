@@ -46,6 +46,11 @@ static_assert(sizeof(MemcpyBatchAttr) == sizeof(aclrtMemcpyBatchAttr) &&
               offsetof(MemcpyBatchAttr, srcLoc) == offsetof(aclrtMemcpyBatchAttr, srcLoc) &&
               offsetof(MemcpyBatchAttr, rsv) == offsetof(aclrtMemcpyBatchAttr, rsv) &&
               sizeof(MemcpyBatchAttr::rsv) == sizeof(aclrtMemcpyBatchAttr::rsv));
+static_assert(sizeof(PtrAttributes) == sizeof(aclrtPtrAttributes) &&
+              offsetof(PtrAttributes, location) == offsetof(aclrtPtrAttributes, location) &&
+              offsetof(PtrAttributes, pageSize) == offsetof(aclrtPtrAttributes, pageSize) &&
+              offsetof(PtrAttributes, rsv) == offsetof(aclrtPtrAttributes, rsv) &&
+              sizeof(PtrAttributes::rsv) == sizeof(aclrtPtrAttributes::rsv));
 static_assert(sizeof(CaptureStatus) == sizeof(aclmdlRICaptureStatus) &&
               static_cast<int>(CaptureStatus::kNone) == ACL_MODEL_RI_CAPTURE_STATUS_NONE &&
               static_cast<int>(CaptureStatus::kActive) == ACL_MODEL_RI_CAPTURE_STATUS_ACTIVE &&
@@ -80,6 +85,8 @@ struct Real {
   bool capture_begin_present = find("aclmdlRICaptureBegin") != nullptr;
   decltype(&::aclrtHostRegisterV2) host_register_v2 =
       lookup<decltype(&::aclrtHostRegisterV2)>("aclrtHostRegisterV2");
+  decltype(&::aclrtPointerGetAttributes) pointer_get_attributes =
+      lookup<decltype(&::aclrtPointerGetAttributes)>("aclrtPointerGetAttributes");
 };
 
 const Real& real() {
@@ -108,6 +115,9 @@ AclError capture_get_info(AclStream stream, CaptureStatus* status, void** model_
 AclError host_register_v2(void* ptr, uint64_t size, uint32_t flag) {
   return real().host_register_v2(ptr, size, flag);
 }
+AclError pointer_get_attributes(const void* ptr, PtrAttributes* attributes) {
+  return real().pointer_get_attributes(ptr, reinterpret_cast<aclrtPtrAttributes*>(attributes));
+}
 
 AclApi bind() {
   const Real& r = real();
@@ -122,6 +132,7 @@ AclApi bind() {
   api.capture_get_info = r.capture_get_info != nullptr ? &capture_get_info : nullptr;
   api.capture_begin_present = r.capture_begin_present;
   api.host_register_v2 = r.host_register_v2 != nullptr ? &host_register_v2 : nullptr;
+  api.pointer_get_attributes = r.pointer_get_attributes != nullptr ? &pointer_get_attributes : nullptr;
   return api;
 }
 

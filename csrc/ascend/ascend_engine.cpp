@@ -6,9 +6,10 @@
 //
 // Paths (docs/ascend.md has the table per CANN version):
 //   batch           aclrtMemcpyBatchAsync, up to kMaxBatchEntries descriptors
-//                   a call: host<->device copies, stream known not to be
-//                   captured, batch API present and not refused with 207000
-//                   on this device;
+//                   a call (a stream's first batch: one): host<->device
+//                   copies, stream known not to be captured, batch API
+//                   present and this stream's first batch not refused with
+//                   207000;
 //   per-descriptor  one aclrtMemcpyAsync per descriptor: device->device (the
 //                   batch API takes host<->device only), a stream that is or
 //                   may be captured (the path legal in and out of capture),
@@ -53,12 +54,24 @@ MemcpyKind memcpy_kind(Direction direction) {
   return MemcpyKind::kDeviceToDevice;
 }
 
-// What an error leaves behind: copies before the failing one are on the
-// stream and will still run.
-std::string queued_before(int64_t first_not_queued) {
-  if (first_not_queued == 0) return "no copy of this call was queued";
-  return "copies 0.." + std::to_string(first_not_queued - 1) +
-         " of this call were already queued on the stream and will still run";
+// What an error leaves behind on the stream: copies [0, queued) were queued
+// and will still run; copies [queued, maybe) may have been queued, wholly or
+// in part, and any part that was will still run. Nothing is claimed beyond
+// what CANN guarantees (docs/ascend.md, "What the engine relies on").
+std::string left_behind(int64_t queued, int64_t maybe) {
+  if (maybe == 0) return "no copy of this call was queued";
+  std::string text;
+  if (queued > 0) {
+    text = "copies 0.." + std::to_string(queued - 1) +
+           " of this call were already queued on the stream and will still run";
+  }
+  if (maybe > queued) {
+    if (!text.empty()) text += "; ";
+    text += "copies " + std::to_string(queued) + ".." + std::to_string(maybe - 1) +
+            " may have been queued, wholly or in part (CANN does not say how far it got), and "
+            "what was will still run";
+  }
+  return text;
 }
 
 // Device-to-device copies need 64-byte-aligned source and destination
@@ -79,7 +92,7 @@ void check_device_to_device_alignment(const CopyBatch& b) {
   }
   TORCH_CHECK_VALUE(false, "kvswap Ascend engine: ", describe_descriptor(b, i),
                     ": device-to-device copies need 64-byte-aligned source and destination "
-                    "addresses (CANN acl_rt.h, aclrtMemcpyAsync); ", queued_before(0));
+                    "addresses (CANN acl_rt.h, aclrtMemcpyAsync); ", left_behind(0, 0));
 }
 
 }  // namespace
@@ -140,16 +153,31 @@ Capture Engine::capture_state(AclStream stream) {
   return Capture::kUnknown;
 }
 
-bool Engine::batch_unsupported(c10::DeviceIndex index) const {
-  return per_descriptor_only_[static_cast<size_t>(index)].load(std::memory_order_relaxed);
+BatchState Engine::batch_state(AclStream stream) {
+  std::lock_guard<std::mutex> lock(batch_mutex_);
+  auto it = batch_states_.find(stream);
+  return it == batch_states_.end() ? BatchState::kUntried : it->second;
 }
 
-void Engine::latch_per_descriptor(c10::DeviceIndex index) {
-  if (!per_descriptor_only_[static_cast<size_t>(index)].exchange(true)) {
+void Engine::set_batch_state(AclStream stream, BatchState state) {
+  std::lock_guard<std::mutex> lock(batch_mutex_);
+  batch_states_[stream] = state;
+}
+
+// The latch is per stream: CANN refuses the batch API for a whole chip
+// (src/runtime/api/api_c_memory.cc:780-783), a whole device
+// (api_impl.cc:8950-8953, api_impl_david.cc:896-904) or one stream bound to
+// a sub-graph (api_error.cc:7382-7384), all with the same 207000 and no
+// failing index, so the narrowest scope is the one always right. A refusing
+// device costs one refused one-entry call per stream.
+void Engine::refuse_batches(AclStream stream, c10::DeviceIndex index) {
+  set_batch_state(stream, BatchState::kRefused);
+  if (!warned_refused_[static_cast<size_t>(index)].exchange(true)) {
     TORCH_WARN("kvswap Ascend engine: aclrtMemcpyBatchAsync answered 207000 "
                "(ACL_ERROR_RT_FEATURE_NOT_SUPPORT) on npu:", static_cast<int>(index),
-               "; this device's copies take the per-descriptor path (one aclrtMemcpyAsync each) "
-               "from now on");
+               "; copies on that stream take the per-descriptor path (one aclrtMemcpyAsync each) "
+               "from now on, as do those of any other stream of this device that is refused "
+               "(logged once per device)");
   }
 }
 
@@ -165,10 +193,10 @@ void Engine::submit(const CopyBatch& b, c10::Device device) {
               "kvswap Ascend engine: refusing to capture ", b.count, " copies into one graph on ",
               device, ": a captured stream holds at most ", kMaxCapturedCopies,
               " copy tasks (CANN's task-capacity limit, error EE1023); split the call, or run it "
-              "outside the capture; ", queued_before(0));
+              "outside the capture; ", left_behind(0, 0));
   int64_t queued = 0;
   if (b.direction != Direction::kDeviceToDevice && capture == Capture::kNone &&
-      api_.memcpy_batch_async != nullptr && !batch_unsupported(device.index())) {
+      api_.memcpy_batch_async != nullptr && batch_state(stream) != BatchState::kRefused) {
     queued = copy_batched(b, stream, device.index());
   }
   copy_each(b, queued, stream);
@@ -178,8 +206,16 @@ int64_t Engine::copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIn
   const MemLocation host{0, MemLocationType::kHost};
   const MemLocation dev{static_cast<uint32_t>(index), MemLocationType::kDevice};
   const DescriptorArrays arrays = descriptor_arrays(b);
-  for (int64_t first = 0; first < b.count; first += static_cast<int64_t>(kMaxBatchEntries)) {
-    const size_t n = std::min(kMaxBatchEntries, static_cast<size_t>(b.count - first));
+  // Until a stream has taken a batch, its first batch holds one entry: a
+  // 207000 for it means that entry was not queued, however CANN came to the
+  // answer, and the per-descriptor path takes over from descriptor 0. For a
+  // longer batch 207000 proves nothing: CANN's entry-by-entry loop carries on
+  // past an entry the driver does not support and answers with the last
+  // entry's code (src/runtime/api/impl/api_impl.cc:8929-8938).
+  bool probing = batch_state(stream) == BatchState::kUntried;
+  for (int64_t first = 0; first < b.count;) {
+    const size_t n =
+        probing ? 1 : std::min(kMaxBatchEntries, static_cast<size_t>(b.count - first));
     // One attrs entry with index 0 covers every descriptor: attrs[k] applies
     // from attrsIndexes[k] to the next index (acl/acl_rt.h:4414), and CANN's
     // own C++ wrapper passes exactly this (acl/acl_rt_api.h:145-148).
@@ -191,23 +227,31 @@ int64_t Engine::copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIn
     const AclError err = api_.memcpy_batch_async(
         arrays.dsts + first, arrays.sizes + first, arrays.srcs + first, arrays.sizes + first, n,
         &attr, &attr_index, 1, &fail_index, stream);
-    if (err == kAclSuccess) continue;
-    if (err == kAclFeatureNotSupported) {
-      // Refused before anything of this batch was queued: the runtime checks
-      // the chip's feature first (src/runtime/api/api_c_memory.cc:779-783).
-      latch_per_descriptor(index);
-      return first;
+    if (err == kAclSuccess) {
+      if (probing) set_batch_state(stream, BatchState::kAccepted);
+      probing = false;
+      first += static_cast<int64_t>(n);
+      continue;
     }
+    if (err == kAclFeatureNotSupported && probing) {
+      refuse_batches(stream, index);
+      return 0;  // the probe is descriptor 0 alone: nothing of this call was queued
+    }
+    // A 207000 after the stream took batches may be a partial batch: fail
+    // the call with what is known, and ask with one entry again next time.
+    if (err == kAclFeatureNotSupported) set_batch_state(stream, BatchState::kUntried);
+    // With a failing index, CANN's entry-by-entry loop has queued the entries
+    // before it (api_impl.cc:8905-8910) and its UB path none of the batch
+    // (api_impl_david.cc:834-841). Without one, part of the batch may be
+    // queued: the loop stops at a failed submission (api_impl.cc:8932-8935),
+    // the UB path after earlier chunks (api_impl_david.cc:863-867).
     const bool known = fail_index < n;
     const int64_t failed = first + static_cast<int64_t>(fail_index);
     TORCH_CHECK(false, "kvswap Ascend engine: aclrtMemcpyBatchAsync of descriptors ", first, "..",
                 first + static_cast<int64_t>(n) - 1, " failed: ", acl_message(err), "; ",
                 known ? "failed at " + describe_descriptor(b, failed) : "no failing descriptor reported",
-                "; ", queued_before(first),
-                known && fail_index > 0
-                    ? "; copies " + std::to_string(first) + ".." + std::to_string(failed - 1) +
-                          " may have been queued too (CANN may submit a batch one copy at a time)"
-                    : "");
+                "; ", left_behind(first, known ? failed : first + static_cast<int64_t>(n)),
+                "; nothing was re-issued");
   }
   return b.count;
 }
@@ -217,8 +261,10 @@ void Engine::copy_each(const CopyBatch& b, int64_t first, AclStream stream) {
   for (int64_t i = first; i < b.count; ++i) {
     const size_t n = static_cast<size_t>(b.size[i]);
     const AclError err = api_.memcpy_async(as_ptr(b.dst[i]), n, as_ptr(b.src[i]), n, kind, stream);
+    // A failed copy may have queued its first pieces: CANN splits a large
+    // copy into several tasks (src/runtime/api/impl/api_impl_david.cc:941-950).
     TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtMemcpyAsync failed at ",
-                describe_descriptor(b, i), ": ", acl_message(err), "; ", queued_before(i));
+                describe_descriptor(b, i), ": ", acl_message(err), "; ", left_behind(i, i + 1));
   }
 }
 
@@ -259,8 +305,42 @@ void Engine::host_register(const at::Tensor& buffer, c10::Device device, bool pi
   const AclError err = api_.host_register_v2(ptr, bytes, kHostRegPinned);
   TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtHostRegisterV2(ACL_HOST_REG_PINNED) of ",
               bytes, " host bytes failed: ", acl_message(err));
+  if (!registered_host(ptr, bytes)) {
+    const AclError undo = api_.host_unregister(ptr);
+    if (!warned_unregistered_pin_.exchange(true)) {
+      TORCH_WARN("kvswap Ascend engine: aclrtHostRegisterV2(ACL_HOST_REG_PINNED) succeeded but "
+                 "aclrtPointerGetAttributes does not report the range as registered host memory; "
+                 "host buffers fall back to the pinned allocator (logged once)");
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        false, "kvswap Ascend engine: ", bytes, " host bytes at 0x", std::hex, start, std::dec,
+        " were registered with aclrtHostRegisterV2(ACL_HOST_REG_PINNED), but aclrtPointerGetAttributes "
+        "does not report the whole range as registered host memory; ",
+        undo == kAclSuccess ? std::string("the registration was undone")
+                            : "undoing the registration failed too: " + acl_message(undo),
+        "; allocate the buffer with pin_memory=True instead");
+  }
   std::lock_guard<std::mutex> lock(registered_mutex_);
   registered_[start] = bytes;
+}
+
+// CANN reports registered host memory as ACL_MEM_LOCATION_TYPE_HOST and
+// other pageable memory as UNREGISTERED (src/runtime/driver/npu_driver_mem.cc:
+// 2071-2074). A registration is one range (register_memory.cc:78-102), so its
+// first and last bytes stand for all of it. What the query cannot tell: a
+// range CANN only recorded, because the driver lacks
+// FEATURE_SVM_MEM_REGISTER_HOST_PINNED (api_impl.cc:2589-2609), is reported
+// as HOST too (npu_driver_mem.cc:2073-2074); docs/ascend.md says what
+// follows. Without the query the registration's answer stands.
+bool Engine::registered_host(void* ptr, uint64_t bytes) {
+  if (api_.pointer_get_attributes == nullptr) return true;
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  for (const uintptr_t at : {start, start + bytes - 1}) {
+    PtrAttributes attributes{};
+    const AclError err = api_.pointer_get_attributes(reinterpret_cast<const void*>(at), &attributes);
+    if (err != kAclSuccess || attributes.location.type != MemLocationType::kHost) return false;
+  }
+  return true;
 }
 
 bool Engine::host_pinned(const at::Tensor& buffer, c10::Device device) {
@@ -271,19 +351,24 @@ bool Engine::host_pinned(const at::Tensor& buffer, c10::Device device) {
     extent += static_cast<uint64_t>(buffer.size(d) - 1) * static_cast<uint64_t>(buffer.stride(d));
   }
   const auto start = reinterpret_cast<uintptr_t>(buffer.data_ptr());
-  const uint64_t bytes = extent * static_cast<uint64_t>(buffer.element_size());
+  const uint64_t last = start + extent * static_cast<uint64_t>(buffer.element_size()) - 1;
   {
     std::lock_guard<std::mutex> lock(registered_mutex_);
     auto it = registered_.upper_bound(start);
     if (it != registered_.begin()) {
       --it;
-      if (start + bytes <= it->first + it->second) return true;  // pinned in place by us
+      if (last < it->first + it->second) return true;  // wholly inside a range pinned in place by us
     }
   }
   // The pinned allocator's blocks: torch_npu answers through its hooks
-  // (aclrtPointerGetAttributes), once the backend is initialized.
+  // (aclrtPointerGetAttributes), once the backend is initialized. Both ends:
+  // a tensor lies within one storage, and a storage of that allocator within
+  // one block, so pinned first and last bytes mean a pinned range.
   at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
-  return at::globalContext().isPinnedPtr(buffer.data_ptr(), c10::DeviceType::PrivateUse1);
+  return at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(start),
+                                         c10::DeviceType::PrivateUse1) &&
+         at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(last),
+                                         c10::DeviceType::PrivateUse1);
 }
 
 namespace {

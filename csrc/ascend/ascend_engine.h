@@ -26,9 +26,12 @@ namespace ascend {
 // 4096", ascend_hal_base.h:2099). Larger batches are split.
 constexpr size_t kMaxBatchEntries = 4096;
 
-// Copy tasks one captured stream can hold: StreamJettyContext::JETTY_DEPTH_MAX
-// (CANN runtime, src/runtime/feature/jetty/stream_jetty_context.h:26); past it
-// the capture fails with EE1023. Each descriptor is at least one task.
+// Work entries one captured stream can hold: StreamJettyContext::
+// JETTY_DEPTH_MAX (CANN runtime, src/runtime/feature/jetty/stream_jetty_context.h:26);
+// past it the capture fails with EE1023 (stream_jetty_context.cc:62-70).
+// The count is of work entries, not copies (stream_jetty_handler.cc:133 adds
+// each copy's wqeCnt), and each copy takes at least one: more copies than
+// this can never fit, fewer may still not.
 constexpr int64_t kMaxCapturedCopies = 32768;
 
 // Device-to-device copies need 64-byte-aligned addresses (acl/acl_rt.h:2233,
@@ -42,6 +45,13 @@ enum class Capture {
   kNone,     // not capturing (or this CANN/chip cannot capture at all)
   kActive,   // being captured (also an invalidated capture: still in capture mode)
   kUnknown,  // the query is missing or failed: anything may be true
+};
+
+// What the engine knows of a stream's answer to aclrtMemcpyBatchAsync.
+enum class BatchState {
+  kUntried,   // not asked yet, or its last answer was an ambiguous 207000
+  kAccepted,  // took a batch
+  kRefused,   // refused a one-entry batch with 207000: per-descriptor from now on
 };
 
 class Engine {
@@ -62,19 +72,26 @@ class Engine {
 
  private:
   AclStream current_stream(c10::Device device) const;
-  // Queues b's descriptors from 0 in batches; returns how many were queued
-  // (fewer than b.count only when the device turned out not to support the
-  // batch API, which then latches the per-descriptor path for it).
+  // Queues b's descriptors from 0 in batches; returns how many were queued:
+  // b.count, or 0 when `stream` refused its first (one-entry) batch with
+  // 207000, which latches the per-descriptor path for that stream.
   int64_t copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIndex index);
   void copy_each(const CopyBatch& b, int64_t first, AclStream stream);
   std::string acl_message(AclError err) const;
-  bool batch_unsupported(c10::DeviceIndex index) const;
-  void latch_per_descriptor(c10::DeviceIndex index);
+  BatchState batch_state(AclStream stream);
+  void set_batch_state(AclStream stream, BatchState state);
+  void refuse_batches(AclStream stream, c10::DeviceIndex index);
+  // Whether aclrtPointerGetAttributes calls [ptr, ptr + bytes) registered
+  // host memory (true when this CANN lacks the query).
+  bool registered_host(void* ptr, uint64_t bytes);
 
   static constexpr int kMaxDevices = 64;
   const AclApi& api_;
-  std::array<std::atomic<bool>, kMaxDevices> per_descriptor_only_{};
+  std::mutex batch_mutex_;
+  std::map<AclStream, BatchState> batch_states_;
+  std::array<std::atomic<bool>, kMaxDevices> warned_refused_{};
   std::atomic<bool> warned_capture_unknown_{false};
+  std::atomic<bool> warned_unregistered_pin_{false};
   std::mutex registered_mutex_;
   std::map<uintptr_t, uint64_t> registered_;  // ranges pinned in place: start -> bytes
 };

@@ -1,15 +1,26 @@
-"""Mutants of the Ascend engine: one per finding of the engine's review, each
-reverting its fix. tests/test_ascend_fake.py runs the fake-ACL cases
-(tests/fake_npu/cases_findings.py holds the case named in each `why`)."""
+"""Mutants of the Ascend engine and of its fake ACL runtime: one per finding
+of the engine's review, each reverting its fix (tests/fake_npu/cases_findings.py
+holds the case named in each `why`); one per CANN behaviour the engine relies
+on (tests/fake_npu/cases_cann.py), reverting the engine's handling of it; and
+one per rule of the fake that models it, making the fake kinder than CANN.
+tests/test_ascend_fake.py runs the fake-ACL cases, one child session per case
+file; a node id runs only its file."""
 
 FAKE = ["tests/test_ascend_fake.py"]
+ENGINE = "csrc/ascend/ascend_engine.cpp"
+FAKE_ACL = "tests/fake_npu/fake_acl.cpp"
+
+
+def cann(case: str) -> list[str]:
+    """The node id of a case of tests/fake_npu/cases_cann.py."""
+    return [f"tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-{case}]"]
 
 MUTANTS = [
     dict(
         name="ascend-batch-api-assumed-present",
         file="csrc/ascend/ascend_engine.cpp",
-        find="api_.memcpy_batch_async != nullptr && !batch_unsupported(device.index())",
-        replace="!batch_unsupported(device.index())",
+        find="api_.memcpy_batch_async != nullptr && batch_state(stream) != BatchState::kRefused",
+        replace="batch_state(stream) != BatchState::kRefused",
         tests=FAKE,
         why="finding 1: a CANN without aclrtMemcpyBatchAsync loses every copy "
             "(test_1_engine_copies_without_the_batch_api)",
@@ -17,7 +28,7 @@ MUTANTS = [
     dict(
         name="ascend-207000-not-latched",
         file="csrc/ascend/ascend_engine.cpp",
-        find="    if (err == kAclFeatureNotSupported) {\n",
+        find="    if (err == kAclFeatureNotSupported && probing) {\n",
         replace="    if (false) {\n",
         tests=FAKE,
         why="finding 2: 207000 from the batch API fails the copy instead of taking the "
@@ -108,7 +119,7 @@ MUTANTS = [
     dict(
         name="ascend-error-hides-queued-copies",
         file="csrc/ascend/ascend_engine.cpp",
-        find="describe_descriptor(b, i), \": \", acl_message(err), \"; \", queued_before(i));",
+        find="describe_descriptor(b, i), \": \", acl_message(err), \"; \", left_behind(i, i + 1));",
         replace="describe_descriptor(b, i), \": \", acl_message(err));",
         tests=FAKE,
         why="finding 10: the error does not say copies 0..i-1 were queued "
@@ -131,5 +142,245 @@ MUTANTS = [
         tests=FAKE,
         why="finding 12: unaligned device-to-device copies are queued "
             "(test_12_unaligned_device_to_device_copy_is_refused_before_queuing)",
+    ),
+
+    # --- CANN's own behaviour, as the engine handles it -------------------------------------------
+    dict(
+        name="ascend-207000-latch-device-wide",
+        file=ENGINE,
+        find="  auto it = batch_states_.find(stream);\n",
+        replace="  auto it = batch_states_.empty() ? batch_states_.end() : batch_states_.begin();\n",
+        tests=cann("test_a_refusal_for_one_stream_latches_only_that_stream"),
+        why="a refusal for one stream (api_error.cc:7382-7384) must not latch the others",
+    ),
+    dict(
+        name="ascend-207000-reissued-from-descriptor-0",
+        file=ENGINE,
+        find="    if (err == kAclFeatureNotSupported && probing) {\n",
+        replace="    if (err == kAclFeatureNotSupported) {\n",
+        tests=cann("test_207000_for_a_later_batch_of_a_call_is_not_reissued_from_descriptor_0"),
+        why="a 207000 after queued batches re-issues copies 0..4095, already queued",
+    ),
+    dict(
+        name="ascend-first-batch-not-one-entry",
+        file=ENGINE,
+        find="        probing ? 1 : std::min(kMaxBatchEntries",
+        replace="        false ? 1 : std::min(kMaxBatchEntries",
+        tests=cann("test_207000_for_a_whole_batch_on_the_first_call_reissues_nothing_twice"),
+        why="CANN's loop queues entries 0..n-2 and answers 207000: latching then re-issues them",
+    ),
+    dict(
+        name="ascend-ambiguous-207000-not-asked-again",
+        file=ENGINE,
+        find="    if (err == kAclFeatureNotSupported) set_batch_state(stream, BatchState::kUntried);\n",
+        replace="",
+        tests=cann("test_207000_after_the_stream_took_batches_fails_and_reissues_nothing"),
+        why="after an ambiguous 207000 the stream's next batch must be one entry again",
+    ),
+    dict(
+        name="ascend-batch-error-without-index-claims-nothing-queued",
+        file=ENGINE,
+        find="left_behind(first, known ? failed : first + static_cast<int64_t>(n))",
+        replace="left_behind(first, known ? failed : first)",
+        tests=cann("test_batch_error_without_a_failing_index_says_the_batch_may_be_queued"),
+        why="without a failing index CANN may have queued part of the batch "
+            "(api_impl.cc:8932-8935, api_impl_david.cc:863-867)",
+    ),
+    dict(
+        name="ascend-batch-error-with-index-hides-queued-prefix",
+        file=ENGINE,
+        find="left_behind(first, known ? failed : first + static_cast<int64_t>(n))",
+        replace="left_behind(first, known ? first : first + static_cast<int64_t>(n))",
+        tests=cann("test_batch_error_with_a_failing_index_never_says_nothing_was_queued"),
+        why="CANN's loop queues the entries before the failing index (api_impl.cc:8905-8910)",
+    ),
+    dict(
+        name="ascend-copy-error-claims-failed-copy-not-queued",
+        file=ENGINE,
+        find="left_behind(i, i + 1));",
+        replace="left_behind(i, i));",
+        tests=cann("test_per_descriptor_error_says_the_failed_copy_may_be_partly_queued"),
+        why="CANN splits a large copy into tasks (api_impl_david.cc:941-950): a failed copy "
+            "may be queued in part",
+    ),
+    dict(
+        name="ascend-pin-not-verified",
+        file=ENGINE,
+        find="  if (!registered_host(ptr, bytes)) {\n",
+        replace="  if (false) {\n",
+        tests=cann("test_registration_the_query_does_not_confirm_is_undone"),
+        why="a registration that did nothing leaves the mirrors pageable",
+    ),
+    dict(
+        name="ascend-pin-verified-at-its-start-only",
+        file=ENGINE,
+        find="  for (const uintptr_t at : {start, start + bytes - 1}) {\n",
+        replace="  for (const uintptr_t at : {start}) {\n",
+        tests=cann("test_registration_is_checked_at_both_ends"),
+        why="the query must cover the registered range's last byte too",
+    ),
+    dict(
+        name="ascend-pin-query-error-ignored",
+        file=ENGINE,
+        find="    if (err != kAclSuccess || attributes.location.type != MemLocationType::kHost) return false;\n",
+        replace="    if (attributes.location.type != MemLocationType::kHost) return false;\n",
+        tests=cann("test_registration_is_checked_at_both_ends"),
+        why="a failed query leaves zeroed attributes, which read as HOST",
+    ),
+    dict(
+        name="ascend-pinned-tensor-checked-at-its-start-only",
+        file=ENGINE,
+        find="isPinnedPtr(reinterpret_cast<const void*>(last),",
+        replace="isPinnedPtr(reinterpret_cast<const void*>(start),",
+        tests=cann("test_a_host_tensor_is_pinned_only_if_its_whole_range_is"),
+        why="a tensor straddling the end of a pinned range was accepted",
+    ),
+    dict(
+        name="ascend-capture-bound-strict",
+        file=ENGINE,
+        find="b.count <= kMaxCapturedCopies,",
+        replace="b.count < kMaxCapturedCopies,",
+        tests=cann("test_capture_of_exactly_32768_copies_is_allowed"),
+        why="32768 one-entry copies fit a captured stream (stream_jetty_context.cc:62)",
+    ),
+    dict(
+        name="ascend-shutdown-raises-on-unregister-failure",
+        file="torch_kvswap/handler.py",
+        find="            except (NotImplementedError, RuntimeError) as exc:\n                # The runtime still counts",
+        replace="            except NotImplementedError as exc:\n                # The runtime still counts",
+        tests=cann("test_shutdown_survives_an_unregister_failure"),
+        why="shutdown() raised when aclrtHostUnregister failed and released nothing after it",
+    ),
+    dict(
+        name="ascend-shutdown-frees-still-registered-memory",
+        file="torch_kvswap/handler.py",
+        find="                _STILL_REGISTERED.append(self._allocation)\n",
+        replace="",
+        tests=cann("test_shutdown_survives_an_unregister_failure"),
+        why="memory CANN still counts as registered went back to the allocator",
+    ),
+    # --- the fake's rules, made kinder than CANN ----------------------------------------------------
+    dict(
+        name="fake-acl-loop-queues-nothing-before-a-failed-check",
+        file=FAKE_ACL,
+        find="      *fail_index = i;\n      if (AclError q = queue_unordered(s, queued)) return q;\n      return e;\n",
+        replace="      *fail_index = i;\n      return e;\n",
+        tests=cann("test_loop_route_queues_the_entries_before_a_failed_check"),
+        why="api_impl.cc:8905-8910 queues the entries before the failing one",
+    ),
+    dict(
+        name="fake-acl-loop-stops-at-207000",
+        file=FAKE_ACL,
+        find="    if (last == ascend::kAclFeatureNotSupported) continue;\n",
+        replace="",
+        tests=cann("test_loop_route_goes_past_207000_and_answers_with_the_last_code"),
+        why="api_impl.cc:8932-8938 goes past DRV_NOT_SUPPORT and answers with the last code",
+    ),
+    dict(
+        name="fake-acl-ub-route-in-one-chunk",
+        file=FAKE_ACL,
+        find="  const size_t chunk = rt().ub_chunk == 0 ? n : rt().ub_chunk;\n",
+        replace="  const size_t chunk = n;\n",
+        tests=cann("test_ub_route_chunk_failure_leaves_the_earlier_chunks_copied"),
+        why="api_impl_david.cc:863-876 fails a later chunk with the earlier ones queued",
+    ),
+    dict(
+        name="fake-acl-no-per-stream-refusal",
+        file=FAKE_ACL,
+        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {\n",
+        replace="  if (false) {\n",
+        tests=cann("test_refusals_for_a_device_and_for_one_stream"),
+        why="api_error.cc:7382-7384 refuses one stream with 207000",
+    ),
+    dict(
+        name="fake-acl-sub-graph-stream-takes-copies",
+        file=FAKE_ACL,
+        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && real != MemcpyKind::kDeviceToDevice) {\n",
+        replace="  if (false) {\n",
+        tests=cann("test_refusals_for_a_device_and_for_one_stream"),
+        why="api_error.cc:2253-2255 refuses host<->device aclrtMemcpyAsync on a stream in a sub-graph capture",
+    ),
+    dict(
+        name="fake-acl-no-device-refusal",
+        file=FAKE_ACL,
+        find="  if (rt().batch_refused_devices.count(s->device) != 0) {\n",
+        replace="  if (false) {\n",
+        tests=cann("test_a_refused_first_batch_latches_and_copies_per_descriptor"),
+        why="api_c_memory.cc:780-783 and api_impl.cc:8950-8953 refuse a whole device",
+    ),
+    dict(
+        name="fake-acl-pin-always-locks",
+        file=FAKE_ACL,
+        find="rt().pin_records_only ? Kind::kRecorded : Kind::kPinned;",
+        replace="Kind::kPinned;",
+        tests=cann("test_a_pin_without_the_driver_feature_only_records"),
+        why="api_impl.cc:2589-2609: without the driver feature PINNED only records the range",
+    ),
+    dict(
+        name="fake-acl-recorded-pin-reported-unregistered",
+        file=FAKE_ACL,
+        find="    case Kind::kMapped:\n    case Kind::kRecorded:\n      return MemLocationType::kHost;\n",
+        replace="    case Kind::kMapped:\n      return MemLocationType::kHost;\n    case Kind::kRecorded:\n"
+                "      return MemLocationType::kUnregistered;\n",
+        tests=cann("test_a_pin_without_the_driver_feature_only_records"),
+        why="npu_driver_mem.cc:2073-2074 reports a recorded range as HOST: the engine cannot tell",
+    ),
+    dict(
+        name="fake-acl-batch-in-submitted-order",
+        file=FAKE_ACL,
+        find="  for (size_t i : scrambled(copies.size())) {\n",
+        replace="  for (size_t i = 0; i < copies.size(); ++i) {\n",
+        tests=cann("test_a_batch_runs_in_a_scrambled_order"),
+        why="CANN documents batch copies as unordered; an in-order fake hides ordering assumptions",
+    ),
+    dict(
+        name="fake-acl-ee1023-code",
+        file=FAKE_ACL,
+        find="constexpr AclError kRtNoStreamResource = 207008;",
+        replace="constexpr AclError kRtNoStreamResource = 207005;",
+        tests=cann("test_capture_limit_counts_work_entries_and_answers_207008"),
+        why="RT_ERROR_JETTY_LIMIT is 207008 (errcode_manage.cc:96)",
+    ),
+    dict(
+        name="fake-acl-work-entries-are-copies",
+        file=FAKE_ACL,
+        find="  const uint64_t need = work_entry_bytes == 0 ? 1 :",
+        replace="  const uint64_t need = true ? 1 :",
+        tests=cann("test_capture_limit_counts_work_entries_and_answers_207008"),
+        why="stream_jetty_handler.cc:133 counts work entries, not copies",
+    ),
+    dict(
+        name="fake-acl-4096-cap-on-every-route",
+        file=FAKE_ACL,
+        find="  Stream* s = resolve(handle);\n  // A chip without the feature",
+        replace="  if (n > kMaxBatchCount) return rt().error(kRtParamInvalid, \"cap\");\n"
+                "  Stream* s = resolve(handle);\n  // A chip without the feature",
+        tests=cann("test_only_the_ub_pageable_route_caps_a_batch_at_4096"),
+        why="the async check has no cap (api_error.cc:7344-7386)",
+    ),
+    dict(
+        name="fake-acl-ub-pageable-uncapped",
+        file=FAKE_ACL,
+        find="    if (n > kMaxBatchCount) {\n",
+        replace="    if (false) {\n",
+        tests=cann("test_only_the_ub_pageable_route_caps_a_batch_at_4096"),
+        why="the driver refuses more than 4096 entries with DRV_ERROR_NOT_SUPPORT "
+            "(ascend_hal_base.h:2105), 207000 (api_c_memory.cc:791)",
+    ),
+    dict(
+        name="fake-acl-unregister-code",
+        file=FAKE_ACL,
+        find="constexpr AclError kHostMemoryNotRegistered = 507911;",
+        replace="constexpr AclError kHostMemoryNotRegistered = 107000;",
+        tests=cann("test_register_twice_and_unregister_unknown_memory"),
+        why="RT_ERROR_HOST_MEMORY_NOT_REGISTERED is 507911 (errcode_manage.cc:555-556)",
+    ),
+    dict(
+        name="fake-acl-overlapping-registration-accepted-as-other-error",
+        file=FAKE_ACL,
+        find="    if (r.in_place) {\n",
+        replace="    if (false) {\n",
+        tests=cann("test_register_twice_and_unregister_unknown_memory"),
+        why="register_memory.cc:61-76: an overlapping range is EE1018, 507910",
     ),
 ]

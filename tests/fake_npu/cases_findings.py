@@ -114,9 +114,11 @@ def test_5_null_stream_is_refused(fake):
     assert fake.calls("aclrtMemcpyBatchAsync") == 0 and fake.pending(0, 0) == 0
 
 
-# 6. One attrs entry with index 0 covers the whole batch.
+# 6. One attrs entry with index 0 covers the whole batch (the second call:
+#    a stream's first batch holds one entry).
 def test_6_batch_passes_one_attrs_entry(fake):
     src, dst = host_blocks(32, BLOCK, 1), device_blocks(32, BLOCK, 2)
+    pointer_copy(src, dst, scattered(10), 0)
     pointer_copy(src, dst, scattered(10), 0)
     num_batches, num_attrs, _ = fake.last_batch()
     assert (num_batches, num_attrs) == (10, 1)
@@ -126,6 +128,7 @@ def test_6_batch_passes_one_attrs_entry(fake):
 #    to the core's pool, so the next call reuses it.
 def test_7_descriptor_table_is_released_when_submit_returns(fake):
     src, dst = host_blocks(32, BLOCK, 1), device_blocks(32, BLOCK, 2)
+    pointer_copy(src, dst, scattered(10), 0)
     pointer_copy(src, dst, scattered(10), 0)
     first = fake.last_batch()[2]
     pointer_copy(src, dst, scattered(10), 0)
@@ -138,8 +141,9 @@ def test_7_descriptor_table_is_released_when_submit_returns(fake):
 def test_8_batches_over_4096_entries_are_split(fake):
     n = 5000
     src, dst = host_blocks(2 * n, 64, 1), device_blocks(2 * n, 64, 2)
+    pointer_copy(src, dst, scattered(1), 0, block=64)  # the stream's first batch: one entry
     pointer_copy(src, dst, scattered(n), 0, block=64)
-    assert fake.calls("aclrtMemcpyBatchAsync") == 2
+    assert fake.calls("aclrtMemcpyBatchAsync") == 3
     torch.accelerator.synchronize()
     assert torch.equal(dst.cpu()[::2], src[::2])
 
@@ -175,7 +179,8 @@ def test_9_capture_over_the_task_capacity_is_refused(fake):
 def test_10_error_names_the_copies_already_queued(fake):
     src, dst = device_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     fake.fail("aclrtMemcpyAsync", RT_PARAM_INVALID, at_call=3)
-    with pytest.raises(RuntimeError, match=r"failed at descriptor 2:.*copies 0\.\.1 of this call were already queued"):
+    with pytest.raises(RuntimeError, match=r"failed at descriptor 2:.*copies 0\.\.1 of this call were already queued"
+                                           r".*copies 2\.\.2 may have been queued"):
         pointer_copy(src, dst, scattered(4), 2)
     assert fake.pending(0, 0) == 2
 
@@ -183,7 +188,8 @@ def test_10_error_names_the_copies_already_queued(fake):
 def test_10_batch_error_names_the_batches_already_queued(fake):
     n = 5000
     src, dst = host_blocks(2 * n, 64, 1), device_blocks(2 * n, 64, 2)
-    fake.fail("aclrtMemcpyBatchAsync", RT_PARAM_INVALID, at_call=2)
+    pointer_copy(src, dst, scattered(1), 0, block=64)  # the stream's first batch: one entry
+    fake.fail("aclrtMemcpyBatchAsync", RT_PARAM_INVALID, at_call=3)
     with pytest.raises(RuntimeError, match=r"descriptors 4096\.\.4999 failed.*copies 0\.\.4095 of this call were already queued"):
         pointer_copy(src, dst, scattered(n), 0, block=64)
 

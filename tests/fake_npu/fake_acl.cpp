@@ -11,6 +11,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -30,7 +31,13 @@ namespace {
 constexpr AclError kInvalidParam = 100000;     // ACL_ERROR_INVALID_PARAM [hdr acl_base_rt.h:67]
 constexpr AclError kRtParamInvalid = 107000;   // ACL_ERROR_RT_PARAM_INVALID [hdr error_codes/rt_error_codes.h:21]
 constexpr AclError kRtAddrUnaligned = 107008;  // ACL_ERROR_RT_ADDR_UNALIGNED [hdr rt_error_codes.h:29]
-constexpr AclError kRtResourceAlloc = 207005;  // ACL_ERROR_RT_RESOURCE_ALLOC_FAIL [hdr rt_error_codes.h:74]
+// ACL_ERROR_RT_NO_STREAM_RESOURCE [hdr rt_error_codes.h:77]: what EE1023's
+// RT_ERROR_JETTY_LIMIT becomes [rt src/runtime/core/src/common/errcode_manage.cc:96].
+constexpr AclError kRtNoStreamResource = 207008;
+// ACL_ERROR_HOST_MEMORY_ALREADY_REGISTERED / _NOT_REGISTERED [hdr rt_error_codes.h:160-161],
+// what RT_ERROR_HOST_MEMORY_ALREADY_REGISTERED / _NOT_REGISTERED become [errcode_manage.cc:553-556].
+constexpr AclError kHostMemoryAlreadyRegistered = 507910;
+constexpr AclError kHostMemoryNotRegistered = 507911;
 constexpr size_t kMaxBatchCount = 4096;        // DEVMM_MEMCPY_BATCH_MAX_COUNT [rt pkg_inc/driver/ascend_hal_define.h:810]
 
 thread_local std::string recent;
@@ -43,14 +50,17 @@ double now_ms() {
 
 // The location CANN reports for a pointer [rt src/runtime/driver/npu_driver_mem.cc:2055-2074]:
 // device memory is DEVICE; host memory registered pinned or mapped is HOST
-// (IsRegisteredMemory counts both [rt src/runtime/core/src/common/register_memory.cc:104-115]);
-// other host memory is UNREGISTERED (pageable).
+// (IsRegisteredMemory counts both [rt src/runtime/core/src/common/register_memory.cc:104-115]),
+// and so is a range only recorded as pinned (DV_MEM_USER_MALLOC, then
+// IsRegisteredMemory [npu_driver_mem.cc:2073-2074]); other host memory is
+// UNREGISTERED (pageable).
 MemLocationType location_of(const Region& r) {
   switch (r.kind) {
     case Kind::kDevice:
       return MemLocationType::kDevice;
     case Kind::kPinned:
     case Kind::kMapped:
+    case Kind::kRecorded:
       return MemLocationType::kHost;
     case Kind::kPageable:
       break;
@@ -114,6 +124,8 @@ std::string Runtime::kind_name(const void* p) const {
       return "pinned";
     case Kind::kMapped:
       return "mapped";
+    case Kind::kRecorded:
+      return "recorded";
     case Kind::kPageable:
       break;
   }
@@ -180,6 +192,7 @@ void Runtime::capture_begin(Stream* s) {
   s->capture = CaptureStatus::kActive;
   s->graph = static_cast<int>(graphs_.size());
   graphs_.emplace_back();
+  graph_entries_.push_back(0);
 }
 
 int Runtime::capture_end(Stream* s) {
@@ -194,22 +207,40 @@ void Runtime::replay(int graph, Stream* s) {
   for (const auto& task : graphs_.at(static_cast<size_t>(graph))) enqueue(s, task);
 }
 
-// A captured stream holds at most JETTY_DEPTH_MAX copy tasks; past it the
-// capture fails with EE1023 [rt src/runtime/feature/jetty/stream_jetty_context.h:26,
-// stream_jetty_context.cc:62-70]. The fake counts one task per copy (CANN may
-// need more for large copies, never fewer).
-AclError Runtime::record_into_graph(Stream* s, std::function<void()> task) {
+// A captured stream holds at most JETTY_DEPTH_MAX work entries; past it
+// the capture fails with EE1023, error RT_ERROR_JETTY_LIMIT
+// [rt src/runtime/feature/jetty/stream_jetty_context.h:26, stream_jetty_context.cc:62-70],
+// which ACL answers as 207008 [errcode_manage.cc:96]. Entries are counted, not
+// copies: each copy adds the entries the driver made of it
+// [rt src/runtime/feature/jetty/stream_jetty_handler.cc:133]. The driver's
+// split is closed source; the fake takes one entry per copy, or one per
+// `work_entry_bytes` when a test sets it, and refuses a copy whose entries
+// would pass the limit (CANN checks only before appending: stricter).
+AclError Runtime::record_into_graph(Stream* s, std::function<void()> task, uint64_t bytes) {
   auto& graph = graphs_.at(static_cast<size_t>(s->graph));
-  if (graph.size() >= kGraphTaskCapacity) {
-    return error(kRtResourceAlloc,
+  uint64_t& entries = graph_entries_.at(static_cast<size_t>(s->graph));
+  const uint64_t need = work_entry_bytes == 0 ? 1 : std::max<uint64_t>(1, (bytes + work_entry_bytes - 1) / work_entry_bytes);
+  if (entries + need > kGraphWorkEntries) {
+    return error(kRtNoStreamResource,
                  "EE1023: Expanding the capacity failed. There are too many asynchronous copy tasks "
                  "in the ACL Graph (fake ACL)");
   }
+  entries += need;
   graph.push_back(std::move(task));
   return 0;
 }
 
 // --- faults -------------------------------------------------------------------
+
+AclError Runtime::entry_fault(size_t entry) {
+  const int64_t k = calls("aclrtMemcpyBatchAsync");
+  for (const EntryFault& f : entry_faults) {
+    if (f.entry == entry && (f.at_call == -1 || f.at_call == k)) {
+      return error(f.code, "injected fault at batch entry " + std::to_string(entry) + " (fake ACL)");
+    }
+  }
+  return 0;
+}
 
 AclError Runtime::injected(const char* function) {
   const int64_t k = ++calls_[function];
@@ -239,7 +270,7 @@ int (*g_current_device)() = nullptr;
 
 Stream* resolve(AclStream handle) {
   // A null stream means the current context's default stream
-  // [rt src/runtime/api/impl/api_impl_david.cc:902-906, MemcpyAsync].
+  // [rt src/runtime/api/impl/api_impl_david.cc:919-923, MemcpyAsync].
   if (handle != nullptr) return static_cast<Stream*>(handle);
   return rt().stream(g_current_device != nullptr ? g_current_device() : 0, 0);
 }
@@ -281,6 +312,13 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
   }
   // Same address: nothing to copy [api_error.cc:2249-2251].
   if (dst == src) return 0;
+  // A stream in a sub ACL graph capture refuses host<->device (UB DMA)
+  // copies with 207000 [api_error.cc:2253-2255; capture_model_utils.cc:421-470],
+  // as it refuses batches (memcpy_batch_async).
+  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && real != MemcpyKind::kDeviceToDevice) {
+    return rt().error(ascend::kAclFeatureNotSupported,
+                      "aclrtMemcpyAsync: stream belongs to sub ACL Graph, does not support asynchronous memory copy");
+  }
   // On-chip device-to-device copies need 64-byte-aligned addresses
   // [hdr acl_rt.h:2232-2234]. The header gives no error code; the fake
   // answers ACL_ERROR_RT_ADDR_UNALIGNED.
@@ -301,15 +339,187 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
     copy();
     return 0;
   }
-  if (rt().capturing(s)) return rt().record_into_graph(s, copy);
+  if (rt().capturing(s)) return rt().record_into_graph(s, copy, count);
   rt().enqueue(s, copy);
   return 0;
 }
 
-// aclrtMemcpyBatchAsync: the ACL layer [rt src/acl/aclrt_impl/memory.cpp:1692-1760, 1837-1847],
-// the C entry [rt src/runtime/api/api_c_memory.cc:765-793], the argument
-// checks [rt src/runtime/api/impl/api_error.cc:7344-7386] and the per-entry
-// checks [rt src/runtime/api/impl/api_impl.cc:8795-8885; api_impl_david.cc:805-871].
+// The order a batch's copies run in: CANN's API reference documents batch
+// copies as unordered [doc 11-03_memory_copy.md, aclrtMemcpyBatchAsync], so
+// the fake runs them in a scrambled order (never the submitted one for two
+// or more copies), and any ordering assumption shows as wrong data.
+std::vector<size_t> scrambled(size_t n) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  uint64_t x = 0x9e3779b97f4a7c15ull * ++rt().scramble_calls;
+  for (size_t i = n; i > 1; --i) {
+    x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+    std::swap(order[i - 1], order[(x * 0x2545f4914f6cdd1dull >> 33) % i]);
+  }
+  bool identity = true;
+  for (size_t i = 0; i < n; ++i) identity = identity && order[i] == i;
+  if (identity) std::reverse(order.begin(), order.end());
+  return order;
+}
+
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+  void operator()() const { std::memcpy(dst, src, bytes); }
+};
+
+// Queues `copies` on s (or records them into its graph) in a scrambled order.
+AclError queue_unordered(Stream* s, const std::vector<Copy>& copies) {
+  for (size_t i : scrambled(copies.size())) {
+    const Copy& c = copies[i];
+    if (rt().capturing(s)) {
+      if (AclError e = rt().record_into_graph(s, c, c.bytes)) return e;
+    } else {
+      rt().enqueue(s, c);
+    }
+  }
+  return 0;
+}
+
+// The checks of one entry, with attrs[k] applying from attrsIndexes[k] to
+// the next index [api_impl.cc:8900-8903; hdr acl_rt.h:4414-4415]: sizes in
+// (0, destMax] and non-null addresses [api_impl.cc:8840-8847]; the
+// attribute's location types must match the real ones (HOST_NUMA read as
+// HOST, UNREGISTERED as HOST) and device ids must match [api_impl.cc:8794-8830,
+// CheckMemCpyAttr]; only host<->device [api_impl.cc:8859-8864].
+AclError check_entry(size_t i, void* dst, size_t dest_max, const void* src, size_t size,
+                     const MemcpyBatchAttr& attr, bool* pageable) {
+  auto fail = [&](const std::string& why) {
+    return rt().error(kRtParamInvalid, "aclrtMemcpyBatchAsync: entry " + std::to_string(i) + ": " + why);
+  };
+  if (size == 0 || size > dest_max) return fail("size must be in (0, destMax]");
+  if (dst == nullptr || src == nullptr) return fail("null address");
+  const Region dr = rt().region_of(dst);
+  const Region sr = rt().region_of(src);
+  const MemLocationType dl = location_of(dr);
+  const MemLocationType sl = location_of(sr);
+  auto as_host = [](MemLocationType t) {
+    return t == MemLocationType::kHostNuma || t == MemLocationType::kUnregistered ? MemLocationType::kHost : t;
+  };
+  if (as_host(dl) != as_host(attr.dstLoc.type) ||
+      (dl == MemLocationType::kDevice && static_cast<int>(attr.dstLoc.id) != dr.device)) {
+    return fail(std::string("dst is ") + location_name(dl) + " memory of device " + std::to_string(dr.device) +
+                " but the attribute says " + location_name(attr.dstLoc.type) + " id " + std::to_string(attr.dstLoc.id));
+  }
+  if (as_host(sl) != as_host(attr.srcLoc.type) ||
+      (sl == MemLocationType::kDevice && static_cast<int>(attr.srcLoc.id) != sr.device)) {
+    return fail(std::string("src is ") + location_name(sl) + " memory of device " + std::to_string(sr.device) +
+                " but the attribute says " + location_name(attr.srcLoc.type) + " id " + std::to_string(attr.srcLoc.id));
+  }
+  if (as_host(dl) == as_host(sl)) return fail("only H2D and D2H copy directions are supported");
+  *pageable = dl == MemLocationType::kUnregistered || sl == MemLocationType::kUnregistered;
+  return 0;
+}
+
+// Pageable memory under capture: EE1016 [api_impl_david.cc:849-852]; the
+// entry-by-entry route synchronizes the stream instead [api_impl.cc:8912-8924],
+// which a capturing stream refuses: the fake answers the same for both.
+AclError pageable_under_capture() {
+  return rt().error(kRtParamInvalid, "EE1016: The pageable memory copy task does not support graph capture");
+}
+
+// ApiImpl::LoopMemcpyAsync [api_impl.cc:8887-8939]: each entry is checked,
+// then copied (pageable: stream synchronized, copy synchronous) or queued,
+// one at a time. A failed check sets the failing index and returns, with
+// the entries before it queued [8905-8910]; a failed submission returns
+// without a failing index, the entries before it queued [8932-8935]; a
+// submission the driver does not support (207000 once ACL maps it
+// [api_c_memory.cc:791]) is skipped, the loop goes on, and the call answers
+// with the last entry's code [8932-8938].
+AclError batch_loop(void** dsts, size_t* dest_maxs, void** srcs, size_t* sizes, size_t n,
+                    MemcpyBatchAttr* attrs, size_t* attrs_indexes, size_t num_attrs, size_t* fail_index,
+                    Stream* s) {
+  std::vector<Copy> queued;
+  AclError last = 0;
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (k + 1 < num_attrs && i >= attrs_indexes[k + 1]) ++k;
+    bool pageable = false;
+    if (AclError e = check_entry(i, dsts[i], dest_maxs[i], srcs[i], sizes[i], attrs[k], &pageable)) {
+      *fail_index = i;
+      if (AclError q = queue_unordered(s, queued)) return q;
+      return e;
+    }
+    const Copy copy{dsts[i], srcs[i], sizes[i]};
+    if (pageable) {
+      if (AclError q = queue_unordered(s, queued)) return q;
+      queued.clear();
+      if (rt().capturing(s)) return pageable_under_capture();
+      rt().drain(s);
+      copy();
+      last = 0;
+      continue;
+    }
+    last = rt().entry_fault(i);
+    if (last == ascend::kAclFeatureNotSupported) continue;
+    if (last != 0) {
+      if (AclError q = queue_unordered(s, queued)) return q;
+      return last;
+    }
+    queued.push_back(copy);
+  }
+  if (AclError q = queue_unordered(s, queued)) return q;
+  return last;
+}
+
+// ApiImplDavid::BatchMemcpyAsync, the UB route [api_impl_david.cc:806-879]:
+// every entry is checked first, a failure setting the failing index with
+// nothing queued [834-847]. Pageable memory: refused under capture, else
+// the stream is synchronized and the driver copies the batch synchronously
+// [849-858], refusing more than DEVMM_MEMCPY_BATCH_MAX_COUNT entries with
+// DRV_ERROR_NOT_SUPPORT [rt pkg_inc/driver/ascend_hal_base.h:2099-2105],
+// which ACL answers as 207000 [api_c_memory.cc:791; errcode_manage.cc:100].
+// Otherwise the batch goes in chunks, the stream synchronized between
+// chunks when not capturing; a chunk that fails returns its error with the
+// earlier chunks queued and no failing index [863-876].
+AclError batch_ub(void** dsts, size_t* dest_maxs, void** srcs, size_t* sizes, size_t n,
+                  MemcpyBatchAttr* attrs, size_t* attrs_indexes, size_t num_attrs, size_t* fail_index,
+                  Stream* s) {
+  bool any_pageable = false;
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (k + 1 < num_attrs && i >= attrs_indexes[k + 1]) ++k;
+    bool pageable = false;
+    if (AclError e = check_entry(i, dsts[i], dest_maxs[i], srcs[i], sizes[i], attrs[k], &pageable)) {
+      *fail_index = i;
+      return e;
+    }
+    any_pageable = any_pageable || pageable;
+  }
+  if (any_pageable) {
+    if (rt().capturing(s)) return pageable_under_capture();
+    rt().drain(s);
+    if (n > kMaxBatchCount) {
+      return rt().error(ascend::kAclFeatureNotSupported,
+                        "aclrtMemcpyBatchAsync: the driver's batch copy takes at most 4096 entries");
+    }
+    for (size_t i : scrambled(n)) Copy{dsts[i], srcs[i], sizes[i]}();
+    return 0;
+  }
+  const size_t chunk = rt().ub_chunk == 0 ? n : rt().ub_chunk;
+  for (size_t first = 0; first < n; first += chunk) {
+    const size_t end = std::min(n, first + chunk);
+    std::vector<Copy> copies;
+    for (size_t i = first; i < end; ++i) {
+      if (AclError e = rt().entry_fault(i)) return e;
+      copies.push_back(Copy{dsts[i], srcs[i], sizes[i]});
+    }
+    if (AclError e = queue_unordered(s, copies)) return e;
+    if (end < n && !rt().capturing(s)) rt().drain(s);
+  }
+  return 0;
+}
+
+// aclrtMemcpyBatchAsync: the ACL layer [rt src/acl/aclrt_impl/memory.cpp:1735-1762, 1837-1847],
+// the C entry [rt src/runtime/api/api_c_memory.cc:765-794], the argument
+// checks [rt src/runtime/api/impl/api_error.cc:7344-7386], then one of the
+// two routes above.
 AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t* sizes, size_t n,
                             MemcpyBatchAttr* attrs, size_t* attrs_indexes, size_t num_attrs,
                             size_t* fail_index, AclStream handle) {
@@ -317,7 +527,7 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
   if (AclError e = rt().injected("aclrtMemcpyBatchAsync")) return e;
   rt().last_batch = BatchCall{n, num_attrs, reinterpret_cast<uintptr_t>(dsts)};
   // failIndex must not be null [memory.cpp:1843]; sizes neither, and
-  // numBatches > 0 [memory.cpp:1738-1740].
+  // numBatches > 0 [memory.cpp:1740-1741].
   if (fail_index == nullptr || sizes == nullptr || n == 0) {
     return rt().error(kInvalidParam, "aclrtMemcpyBatchAsync: null failIndex or sizes, or numBatches 0");
   }
@@ -329,7 +539,7 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
     return 0;
   }
   // Null arrays, destMaxs[i] < sizes[i] and nonzero reserved bytes
-  // [memory.cpp:1692-1732, ValidateMemcpyBatchParams].
+  // [memory.cpp:1750-1754, ValidateMemcpyBatchParams].
   if (dsts == nullptr || dest_maxs == nullptr || srcs == nullptr || attrs == nullptr ||
       attrs_indexes == nullptr) {
     return rt().error(kInvalidParam, "aclrtMemcpyBatchAsync: null array");
@@ -348,9 +558,18 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
       }
     }
   }
+  Stream* s = resolve(handle);
+  // A chip without the feature [api_c_memory.cc:780-783], or a device whose
+  // driver has FEATURE_MEMCPY_BATCH_ASYNC [api_impl.cc:8950-8953;
+  // api_impl_david.cc:896-904]: 207000 for every batch, nothing queued.
+  if (rt().batch_refused_devices.count(s->device) != 0) {
+    return rt().error(ascend::kAclFeatureNotSupported, "aclrtMemcpyBatchAsync: not supported on this device");
+  }
   *fail_index = SIZE_MAX;  // [api_error.cc:7349]
   // attrs index rules [api_error.cc:7357-7381]: numAttrs in [1, count];
   // attrsIndexes[0] == 0; each index above the previous one and below count.
+  // No cap on the entry count here [api_error.cc:7344-7386]: only the UB
+  // route's pageable copy has one (batch_ub).
   if (num_attrs == 0 || num_attrs > n || attrs_indexes[0] != 0) {
     return rt().error(kRtParamInvalid, "aclrtMemcpyBatchAsync: numAttrs must be in [1, numBatches] "
                                        "and attrsIndexes[0] must be 0");
@@ -361,85 +580,19 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
                                              "] must exceed the previous entry and be below numBatches");
     }
   }
-  // At most DEVMM_MEMCPY_BATCH_MAX_COUNT entries: the driver's batch copy
-  // refuses more [rt pkg_inc/driver/ascend_hal_base.h:2099-2105], and the
-  // synchronous batch checks it up front [api_error.cc:7314-7317]. The async
-  // entry leaves it to the (closed) driver path; the fake checks it here.
-  if (n > kMaxBatchCount) {
-    return rt().error(kRtParamInvalid, "aclrtMemcpyBatchAsync: numBatches " + std::to_string(n) +
-                                           " exceeds DEVMM_MEMCPY_BATCH_MAX_COUNT (4096)");
+  // A stream bound to a sub ACL graph (a capture into one,
+  // capture_model_utils.cc:421-441) on a UB runtime: 207000 for that stream
+  // only [api_error.cc:7382-7384].
+  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {
+    return rt().error(ascend::kAclFeatureNotSupported,
+                      "aclrtMemcpyBatchAsync: stream belongs to sub ACL Graph, does not support "
+                      "asynchronous memory copy");
   }
-  Stream* s = resolve(handle);
-  // Per entry, with attrs[k] applying from attrsIndexes[k] to the next index
-  // [api_impl.cc:8900-8905; hdr acl_rt.h:4414-4415]: sizes in (0, destMax]
-  // and non-null addresses [api_impl.cc:8840-8846]; the attribute's
-  // location types must match the real ones (HOST_NUMA read as HOST,
-  // UNREGISTERED as HOST) and device ids must match
-  // [api_impl.cc:8795-8825, CheckMemCpyAttr]; only host<->device
-  // [api_impl.cc:8860-8864]. All entries are checked before any is queued
-  // (the UB path [api_impl_david.cc:834-847]); CANN's per-entry emulation
-  // queues entries before the one that fails, so the engine's error text
-  // allows for both.
-  bool pageable = false;
-  size_t k = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (k + 1 < num_attrs && i >= attrs_indexes[k + 1]) ++k;
-    const MemcpyBatchAttr& attr = attrs[k];
-    auto fail = [&](const std::string& why) {
-      *fail_index = i;
-      return rt().error(kRtParamInvalid, "aclrtMemcpyBatchAsync: entry " + std::to_string(i) + ": " + why);
-    };
-    if (sizes[i] == 0 || sizes[i] > dest_maxs[i]) return fail("size must be in (0, destMax]");
-    if (dsts[i] == nullptr || srcs[i] == nullptr) return fail("null address");
-    const Region dr = rt().region_of(dsts[i]);
-    const Region sr = rt().region_of(srcs[i]);
-    const MemLocationType dl = location_of(dr);
-    const MemLocationType sl = location_of(sr);
-    auto as_host = [](MemLocationType t) {
-      return t == MemLocationType::kHostNuma || t == MemLocationType::kUnregistered ? MemLocationType::kHost : t;
-    };
-    if (as_host(dl) != as_host(attr.dstLoc.type) ||
-        (dl == MemLocationType::kDevice && static_cast<int>(attr.dstLoc.id) != dr.device)) {
-      return fail(std::string("dst is ") + location_name(dl) + " memory of device " +
-                  std::to_string(dr.device) + " but the attribute says " + location_name(attr.dstLoc.type) +
-                  " id " + std::to_string(attr.dstLoc.id));
-    }
-    if (as_host(sl) != as_host(attr.srcLoc.type) ||
-        (sl == MemLocationType::kDevice && static_cast<int>(attr.srcLoc.id) != sr.device)) {
-      return fail(std::string("src is ") + location_name(sl) + " memory of device " +
-                  std::to_string(sr.device) + " but the attribute says " + location_name(attr.srcLoc.type) +
-                  " id " + std::to_string(attr.srcLoc.id));
-    }
-    if (as_host(dl) == as_host(sl)) return fail("only H2D and D2H copy directions are supported");
-    pageable = pageable || dl == MemLocationType::kUnregistered || sl == MemLocationType::kUnregistered;
-  }
-  std::vector<std::function<void()>> copies;
-  copies.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    void* d = dsts[i];
-    const void* src = srcs[i];
-    const size_t bytes = sizes[i];
-    copies.emplace_back([d, src, bytes] { std::memcpy(d, src, bytes); });
-  }
-  if (pageable) {
-    // Pageable memory: refused under capture (EE1016), else the stream is
-    // synchronized and the batch copied synchronously [api_impl_david.cc:849-858;
-    // api_impl.cc:8912-8923].
-    if (rt().capturing(s)) {
-      return rt().error(kRtParamInvalid,
-                        "EE1016: The pageable memory copy task does not support graph capture");
-    }
-    rt().drain(s);
-    for (auto& c : copies) c();
-  } else if (rt().capturing(s)) {
-    for (auto& c : copies) {
-      if (AclError e = rt().record_into_graph(s, c)) return e;
-    }
-  } else {
-    for (auto& c : copies) rt().enqueue(s, c);
-  }
+  const AclError err = rt().batch_route == BatchRoute::kLoop
+                           ? batch_loop(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s)
+                           : batch_ub(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s);
   // The runtime keeps no reference to the arrays once the call returns
-  // [api_impl_david.cc:860-862 copies them; api_impl.cc:8887-8935 consumes
+  // [api_impl_david.cc:860-862 copies them; api_impl.cc:8887-8939 consumes
   // them entry by entry]: overwrite them, so a late read shows.
   for (size_t i = 0; i < n; ++i) {
     dsts[i] = reinterpret_cast<void*>(uintptr_t{0xdead0000});
@@ -447,6 +600,24 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
     sizes[i] = 0x7fffffff;
     dest_maxs[i] = 0;
   }
+  return err;
+}
+
+// aclrtPointerGetAttributes [hdr acl_rt.h:1937]: null arguments are refused
+// [rt src/runtime/api/impl/api_error.cc:3216-3222]; the location is the
+// driver's [npu_driver_mem.cc:2040-2086, location_of above], a device id
+// only for device memory [2082].
+AclError pointer_get_attributes(const void* ptr, ascend::PtrAttributes* attributes) {
+  std::lock_guard<std::recursive_mutex> lock(rt().mutex);
+  if (AclError e = rt().injected("aclrtPointerGetAttributes")) return e;
+  if (ptr == nullptr || attributes == nullptr) {
+    return rt().error(kRtParamInvalid, "aclrtPointerGetAttributes: null pointer");
+  }
+  const Region r = rt().region_of(ptr);
+  *attributes = ascend::PtrAttributes{};
+  attributes->location.type = location_of(r);
+  attributes->location.id = r.kind == Kind::kDevice ? static_cast<uint32_t>(r.device) : 0;
+  attributes->pageSize = 4096;
   return 0;
 }
 
@@ -464,12 +635,12 @@ AclError capture_get_info(AclStream handle, CaptureStatus* status, void** model)
   return 0;
 }
 
-// aclrtHostRegisterV2 [rt src/runtime/api/impl/api_error.cc:2012-2027;
-// api_impl.cc:2574-2610; doc 11-02_host_memory_management.md, aclrtHostRegisterV2].
+// aclrtHostRegisterV2 [rt src/runtime/api/impl/api_error.cc:2012-2030;
+// api_impl.cc:2574-2612; doc 11-02_host_memory_management.md, aclrtHostRegisterV2].
 AclError host_register_v2(void* ptr, uint64_t size, uint32_t flag) {
   std::lock_guard<std::recursive_mutex> lock(rt().mutex);
   if (AclError e = rt().injected("aclrtHostRegisterV2")) return e;
-  constexpr uint32_t kValid = 0x2u | 0x4u | 0x8u | ascend::kHostRegPinned;  // [api_error.cc:2016-2017]
+  constexpr uint32_t kValid = 0x2u | 0x4u | 0x8u | ascend::kHostRegPinned;  // [api_error.cc:2016-2018]
   if (ptr == nullptr || size == 0 || (flag & kValid) == 0 || (flag & ~kValid) != 0) {
     return rt().error(kRtParamInvalid, "aclrtHostRegisterV2: null ptr, zero size or invalid flag");
   }
@@ -477,25 +648,41 @@ AclError host_register_v2(void* ptr, uint64_t size, uint32_t flag) {
   if (reinterpret_cast<uintptr_t>(ptr) % 4096 != 0) {
     return rt().error(kRtParamInvalid, "aclrtHostRegisterV2: ptr must be 4 KiB aligned");
   }
-  const Region r = rt().region_of(ptr);
-  // Registering a range again fails (EE1018) [api_error.cc:2024-2026];
-  // PINNED on memory that is already page-locked fails [doc 11-02, "flag"].
-  if (r.kind != Kind::kPageable) {
-    return rt().error(kRtParamInvalid, "aclrtHostRegisterV2: memory already registered or not pageable host memory");
+  // A range overlapping a registered one fails (EE1018) [api_error.cc:2025-2027;
+  // register_memory.cc:61-76, CheckMemoryRangeRegistered]; PINNED on memory
+  // that is already page-locked fails [doc 11-02, "flag"].
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  for (uintptr_t at = start; at < start + size; at += 4096) {
+    const Region r = rt().region_of(reinterpret_cast<const void*>(at));
+    if (r.in_place) {
+      return rt().error(kHostMemoryAlreadyRegistered,
+                        "EE1018: aclrtHostRegisterV2: the memory range has already been registered");
+    }
+    if (r.kind != Kind::kPageable) {
+      return rt().error(kRtParamInvalid, "aclrtHostRegisterV2: not pageable host memory");
+    }
   }
-  rt().add_region(ptr, size, (flag & ascend::kHostRegPinned) != 0 ? Kind::kPinned : Kind::kMapped, -1,
-                  /*in_place=*/true);
+  // Injected: the call succeeds and registers nothing.
+  if (rt().register_does_nothing) return 0;
+  // Without FEATURE_SVM_MEM_REGISTER_HOST_PINNED in the driver, PINNED alone
+  // only records the range [api_impl.cc:2589-2609]: nothing is locked.
+  const bool pinned = (flag & ascend::kHostRegPinned) != 0;
+  const Kind kind = !pinned ? Kind::kMapped : rt().pin_records_only ? Kind::kRecorded : Kind::kPinned;
+  rt().add_region(ptr, size, kind, -1, /*in_place=*/true);
   return 0;
 }
 
-// aclrtHostUnregister: the pointer must be a registered start (EE1018)
-// [rt src/runtime/api/impl/api_error.cc:2029-2037].
+// aclrtHostUnregister: the pointer must be the start of a registered range,
+// else EE1018 with ACL_ERROR_HOST_MEMORY_NOT_REGISTERED
+// [rt src/runtime/api/impl/api_error.cc:2032-2040; api_impl.cc:2614-2640].
 AclError host_unregister(void* ptr) {
   std::lock_guard<std::recursive_mutex> lock(rt().mutex);
   if (AclError e = rt().injected("aclrtHostUnregister")) return e;
+  if (ptr == nullptr) return rt().error(kRtParamInvalid, "aclrtHostUnregister: null pointer");
   const Region r = rt().region_of(ptr);
-  if ((r.kind != Kind::kPinned && r.kind != Kind::kMapped) || r.start != reinterpret_cast<uintptr_t>(ptr)) {
-    return rt().error(kRtParamInvalid, "aclrtHostUnregister: the host pointer has not been registered");
+  if (!r.in_place || r.start != reinterpret_cast<uintptr_t>(ptr)) {
+    return rt().error(kHostMemoryNotRegistered,
+                      "EE1018: aclrtHostUnregister: the host pointer has not been registered");
   }
   rt().remove_region(ptr);
   return 0;
@@ -532,6 +719,7 @@ void Runtime::rebuild_table() {
   if (present("aclmdlRICaptureGetInfo")) table_.capture_get_info = &capture_get_info;
   table_.capture_begin_present = present("aclmdlRICaptureBegin");
   if (present("aclrtHostRegisterV2")) table_.host_register_v2 = &host_register_v2;
+  if (present("aclrtPointerGetAttributes")) table_.pointer_get_attributes = &pointer_get_attributes;
 }
 
 void Runtime::reset() {
@@ -543,7 +731,17 @@ void Runtime::reset() {
     s->graph = -1;
   }
   graphs_.clear();
+  graph_entries_.clear();
   faults_.clear();
+  batch_route = BatchRoute::kLoop;
+  ub_chunk = 0;
+  entry_faults.clear();
+  batch_refused_devices.clear();
+  batch_refused_streams.clear();
+  pin_records_only = false;
+  register_does_nothing = false;
+  work_entry_bytes = 0;
+  scramble_calls = 0;
   calls_.clear();
   absent.clear();
   null_stream_next = false;

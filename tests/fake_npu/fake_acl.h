@@ -12,8 +12,14 @@
 //     synchronized or an event after it is queried, so a missing ordering
 //     shows up as stale data;
 //   - graph capture per stream: captured copies go into a graph, replay
-//     queues them again;
-//   - injectable faults: a function absent, an error code at call k.
+//     queues them again; a graph holds a bounded number of work entries;
+//   - the two ways CANN implements aclrtMemcpyBatchAsync: entry by entry
+//     (queuing the entries before a failure) and in chunks (UB), with a
+//     batch's copies run in a scrambled order (CANN does not order them);
+//   - unkind answers: 207000 for a device or one stream, 207000 after some
+//     entries were queued, a pin that only records the range;
+//   - injectable faults: a function absent, an error code at call k, an
+//     error at entry i of a batch, a registration that does nothing.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +41,24 @@ namespace fake {
 using ascend::AclError;
 using ascend::CaptureStatus;
 
-enum class Kind { kPageable, kPinned, kMapped, kDevice };
+// kRecorded: "pinned" by aclrtHostRegisterV2 on a driver without
+// FEATURE_SVM_MEM_REGISTER_HOST_PINNED: recorded as registered, not locked.
+enum class Kind { kPageable, kPinned, kMapped, kRecorded, kDevice };
+
+// Which of CANN's implementations of aclrtMemcpyBatchAsync the fake follows.
+enum class BatchRoute {
+  kLoop,  // entry by entry (ApiImpl::LoopMemcpyAsync)
+  kUb,    // all entries checked, then chunks (ApiImplDavid::BatchMemcpyAsync)
+};
+
+// An error at entry `entry` of the aclrtMemcpyBatchAsync call number
+// `at_call` (-1: every call): the failed submission of that entry (route
+// kLoop) or of the chunk holding it (route kUb).
+struct EntryFault {
+  size_t entry;
+  AclError code;
+  int64_t at_call;
+};
 
 struct Region {
   uintptr_t start = 0;
@@ -98,7 +121,8 @@ class Runtime {
   void replay(int graph, Stream* s);
   bool capturing(const Stream* s) const { return s->capture != CaptureStatus::kNone; }
   size_t graph_size(int graph) const { return graphs_.at(static_cast<size_t>(graph)).size(); }
-  AclError record_into_graph(Stream* s, std::function<void()> task);
+  uint64_t graph_entries(int graph) const { return graph_entries_.at(static_cast<size_t>(graph)); }
+  AclError record_into_graph(Stream* s, std::function<void()> task, uint64_t bytes);
 
   // Faults and call counts.
   AclError injected(const char* function);  // 0, or the code armed for this call
@@ -107,6 +131,18 @@ class Runtime {
   std::set<std::string> absent;
   bool null_stream_next = false;
   BatchCall last_batch;
+
+  // Unkind behaviour (tests set these; reset clears them).
+  BatchRoute batch_route = BatchRoute::kLoop;
+  size_t ub_chunk = 0;  // entries per UB chunk; 0: the whole batch
+  std::vector<EntryFault> entry_faults;
+  std::set<int> batch_refused_devices;                  // 207000 for every batch on the device
+  std::set<std::pair<int, int64_t>> batch_refused_streams;  // 207000 for one stream
+  bool pin_records_only = false;       // driver without FEATURE_SVM_MEM_REGISTER_HOST_PINNED
+  bool register_does_nothing = false;  // aclrtHostRegisterV2 succeeds and registers nothing
+  uint64_t work_entry_bytes = 0;       // bytes per captured work entry; 0: one per copy
+  uint64_t scramble_calls = 0;         // batches scrambled so far (seeds the order)
+  AclError entry_fault(size_t entry);  // for the current batch call
 
   // The ACL table handed to the engine (rebuilt by reset from `absent`).
   const ascend::AclApi& table() const { return table_; }
@@ -123,6 +159,7 @@ class Runtime {
   std::map<std::pair<int, int64_t>, std::unique_ptr<Stream>> streams_;
   std::map<int, int64_t> next_stream_id_;
   std::vector<std::vector<std::function<void()>>> graphs_;
+  std::vector<uint64_t> graph_entries_;  // work entries of each graph
   struct Fault {
     AclError code;
     int64_t at_call;  // -1: every call
@@ -142,8 +179,8 @@ void set_current_device_source(int (*fn)());
 // engine itself costs.
 const ascend::AclApi& noop_table();
 
-// Copy tasks one captured stream can hold (EE1023); see fake_acl.cpp.
-constexpr size_t kGraphTaskCapacity = 32768;
+// Work entries one captured stream can hold (EE1023); see fake_acl.cpp.
+constexpr uint64_t kGraphWorkEntries = 32768;
 
 }  // namespace fake
 }  // namespace kvswap

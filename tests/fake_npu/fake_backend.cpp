@@ -256,11 +256,12 @@ struct FakeHooks final : at::PrivateUse1HooksInterface {
     return c10::Device(kNpu, static_cast<c10::DeviceIndex>(std::max(0, rt().region_of(data).device)));
   }
   // As torch_npu answers through aclrtPointerGetAttributes: HOST for memory
-  // pinned by the allocator or registered (pinned or mapped) in place.
+  // pinned by the allocator or registered in place (pinned, mapped, or only
+  // recorded: CANN reports all three as HOST, fake_acl.cpp location_of).
   bool isPinnedPtr(const void* data) const override {
     std::lock_guard<std::recursive_mutex> lock(rt().mutex);
     const Kind k = rt().region_of(data).kind;
-    return k == Kind::kPinned || k == Kind::kMapped;
+    return k == Kind::kPinned || k == Kind::kMapped || k == Kind::kRecorded;
   }
   c10::Allocator* getPinnedMemoryAllocator() const override { return &g_host_allocator; }
   c10::DeviceIndex deviceCount() const override { return kDevices; }
@@ -520,6 +521,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return static_cast<int>(kvswap::ascend::engine().capture_state(stream_at(d, s)));
   });
   m.def("raw_batch", &raw_batch);
+  m.def("set_batch_route", [](const std::string& route, size_t ub_chunk) {
+    TORCH_CHECK(route == "loop" || route == "ub", "route must be 'loop' or 'ub'");
+    rt().batch_route = route == "loop" ? BatchRoute::kLoop : BatchRoute::kUb;
+    rt().ub_chunk = ub_chunk;
+  }, py::arg("route"), py::arg("ub_chunk") = 0);
+  m.def("fail_entry", [](size_t entry, int code, int64_t at_call) {
+    rt().entry_faults.push_back(EntryFault{entry, code, at_call});
+  }, py::arg("entry"), py::arg("code"), py::arg("at_call") = -1);
+  m.def("refuse_batches_on_device", [](int d) { rt().batch_refused_devices.insert(d); });
+  m.def("refuse_batches_on_stream", [](int d, int64_t s) { rt().batch_refused_streams.insert({d, s}); });
+  m.def("set_pin_records_only", [](bool on) { rt().pin_records_only = on; });
+  m.def("set_register_does_nothing", [](bool on) { rt().register_does_nothing = on; });
+  m.def("set_work_entry_bytes", [](uint64_t bytes) { rt().work_entry_bytes = bytes; });
+  m.def("graph_entries", [](int graph) { return rt().graph_entries(graph); });
+  m.def("raw_pointer_attributes", [](int64_t ptr) {
+    kvswap::ascend::PtrAttributes a{};
+    const AclError err = rt().table().pointer_get_attributes(reinterpret_cast<const void*>(ptr), &a);
+    return py::make_tuple(err, static_cast<int>(a.location.type), a.location.id);
+  });
   m.def("raw_memcpy", &raw_memcpy);
   m.def("bench_submit", &bench_submit);
   m.def("bench_acl_call", &bench_acl_call);

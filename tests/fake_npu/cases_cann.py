@@ -1,0 +1,413 @@
+"""What CANN's runtime does that a kind fake would not, and how the engine
+holds up against it: partial queuing of a failed batch, 207000 after some
+entries were queued, refusals per stream, a pin that only records, batches
+run in no particular order, and a capture limit counted in work entries.
+Sources for each rule: tests/fake_npu/fake_acl.cpp; the table of what the
+engine relies on: docs/ascend.md."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_kvswap
+from npu_cases import FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, aligned_host_buffer, device_blocks, host_blocks
+from npu_cases import fake  # noqa: F401 - the fixture
+
+BLOCK = 256
+HOST, DEVICE, UNREGISTERED = 0, 1, 2
+H2D_ATTR = (DEVICE, 0, HOST, 0, 0)  # (dst type, dst id, src type, src id, rsv byte)
+NO_STREAM_RESOURCE = 207008
+HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED = 507910, 507911
+NPU = "npu:0"
+
+
+def raw(fake, host, dev, n, dst_index=None):
+    """A raw host-to-device batch of n BLOCK-sized entries, entry i copying
+    host block i to device block dst_index(i) (default i)."""
+    dst_index = dst_index or (lambda i: i)
+    sizes = [BLOCK] * n
+    return fake.raw_batch([dev.data_ptr() + BLOCK * dst_index(i) for i in range(n)], sizes,
+                          [host.data_ptr() + BLOCK * i for i in range(n)], sizes, [H2D_ATTR], [0], 1)
+
+
+def pointer_copy(src, dst, pairs, code, block=BLOCK):
+    sp = torch.tensor([src.data_ptr() + s * block for s, _ in pairs])
+    dp = torch.tensor([dst.data_ptr() + d * block for _, d in pairs])
+    torch_kvswap.swap_blocks_batch(sp, dp, torch.full((len(pairs),), block), code)
+
+
+def scattered(n):
+    """n (src, dst) block pairs that no merge can join: blocks 0, 2, 4, ..."""
+    return [(2 * i, 2 * i) for i in range(n)]
+
+
+def warm_up(src, dst):
+    """One host-to-device call, so the current stream has taken a batch."""
+    pointer_copy(src, dst, [(0, 0)], 0)
+    torch.accelerator.synchronize()
+
+
+# --- the fake's rules ---------------------------------------------------------------------------------
+
+def test_loop_route_queues_the_entries_before_a_failed_check(fake):
+    host, dev, other = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
+    sizes = [BLOCK] * 4
+    dsts = [dev.data_ptr(), dev.data_ptr() + BLOCK, other.data_ptr(), dev.data_ptr() + 3 * BLOCK]
+    srcs = [host.data_ptr() + BLOCK * i for i in range(4)]
+    assert fake.raw_batch(dsts, sizes, srcs, sizes, [H2D_ATTR], [0], 1) == (RT_PARAM_INVALID, 2)
+    assert fake.pending(0, 0) == 2
+
+
+def test_loop_route_failed_submission_has_no_index_and_queues_the_entries_before(fake):
+    host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    fake.fail_entry(2, RT_PARAM_INVALID)
+    assert raw(fake, host, dev, 4) == (RT_PARAM_INVALID, -1)
+    assert fake.pending(0, 0) == 2
+
+
+def test_loop_route_goes_past_207000_and_answers_with_the_last_code(fake):
+    host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    fake.fail_entry(3, FEATURE_NOT_SUPPORT)
+    assert raw(fake, host, dev, 4) == (FEATURE_NOT_SUPPORT, -1)
+    assert fake.pending(0, 0) == 3                      # 207000, with three copies queued
+    fake.reset()
+    fake.fail_entry(1, FEATURE_NOT_SUPPORT)
+    assert raw(fake, host, dev, 4) == (0, -1)
+    assert fake.pending(0, 0) == 3                      # success, with entry 1 never copied
+
+
+def test_ub_route_checks_every_entry_before_queuing_any(fake):
+    fake.set_batch_route("ub")
+    host, dev, other = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
+    sizes = [BLOCK] * 4
+    dsts = [dev.data_ptr(), dev.data_ptr() + BLOCK, other.data_ptr(), dev.data_ptr() + 3 * BLOCK]
+    srcs = [host.data_ptr() + BLOCK * i for i in range(4)]
+    assert fake.raw_batch(dsts, sizes, srcs, sizes, [H2D_ATTR], [0], 1) == (RT_PARAM_INVALID, 2)
+    assert fake.pending(0, 0) == 0
+
+
+def test_ub_route_chunk_failure_leaves_the_earlier_chunks_copied(fake):
+    fake.set_batch_route("ub", ub_chunk=2)
+    host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    before = dev.cpu()
+    fake.fail_entry(2, RT_PARAM_INVALID)
+    assert raw(fake, host, dev, 4) == (RT_PARAM_INVALID, -1)
+    torch.accelerator.synchronize()
+    assert torch.equal(dev.cpu()[:2], host[:2])  # the first chunk ran (synchronized before the second)
+    assert torch.equal(dev.cpu()[2:], before[2:])
+
+
+@pytest.mark.parametrize("route,pinned,code", [
+    ("loop", True, 0), ("loop", False, 0), ("ub", True, 0), ("ub", False, FEATURE_NOT_SUPPORT)])
+def test_only_the_ub_pageable_route_caps_a_batch_at_4096(fake, route, pinned, code):
+    fake.set_batch_route(route)
+    n = 4097
+    host, dev = host_blocks(n, 64, 1, pinned=pinned), device_blocks(n, 64, 2)
+    sizes = [64] * n
+    got = fake.raw_batch([dev.data_ptr() + 64 * i for i in range(n)], sizes,
+                         [host.data_ptr() + 64 * i for i in range(n)], sizes, [H2D_ATTR], [0], 1)
+    assert got == (code, -1)
+
+
+def test_4096_pageable_entries_pass_on_the_ub_route(fake):
+    fake.set_batch_route("ub")
+    n = 4096
+    host, dev = host_blocks(n, 64, 1, pinned=False), device_blocks(n, 64, 2)
+    sizes = [64] * n
+    assert fake.raw_batch([dev.data_ptr() + 64 * i for i in range(n)], sizes,
+                          [host.data_ptr() + 64 * i for i in range(n)], sizes, [H2D_ATTR], [0], 1) == (0, -1)
+
+
+def test_refusals_for_a_device_and_for_one_stream(fake):
+    host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    side = torch.Stream(device="npu:0")
+    fake.refuse_batches_on_stream(0, side.stream_id)
+    with side:
+        assert raw(fake, host, dev, 2) == (FEATURE_NOT_SUPPORT, -1)
+        assert fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, 1) == FEATURE_NOT_SUPPORT
+    assert raw(fake, host, dev, 2) == (0, -1)
+    fake.refuse_batches_on_device(0)
+    assert raw(fake, host, dev, 2)[0] == FEATURE_NOT_SUPPORT
+    assert fake.pending(0, 0) == 2 and fake.pending(0, side.stream_id) == 0
+
+
+def test_a_batch_runs_in_a_scrambled_order(fake):
+    """Two entries to one destination: the first submitted lands last."""
+    host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    assert raw(fake, host, dev, 2, dst_index=lambda i: 0) == (0, -1)
+    torch.accelerator.synchronize()
+    assert torch.equal(dev.cpu().view(-1)[:BLOCK], host.view(-1)[:BLOCK])
+    # separate calls stay in stream order: the last call's copy lands last
+    for i in range(4):
+        assert raw(fake, host[i:], dev, 1) == (0, -1)
+    torch.accelerator.synchronize()
+    assert torch.equal(dev.cpu()[0], host[3])
+
+
+def test_a_pin_without_the_driver_feature_only_records(fake):
+    fake.set_pin_records_only(True)
+    buf = aligned_host_buffer(1 << 14)
+    torch.ops.kvswap._host_register(buf, NPU, True)
+    assert fake.kind(buf.data_ptr()) == "recorded"
+    # CANN's query says HOST for it, as for a locked range: the engine cannot tell.
+    assert fake.raw_pointer_attributes(buf.data_ptr()) == (0, HOST, 0)
+    torch.ops.kvswap._host_register(buf, NPU, False)
+    assert fake.kind(buf.data_ptr()) == "pageable"
+
+
+def test_pointer_attributes(fake):
+    host, dev = host_blocks(2, BLOCK, 1), device_blocks(2, BLOCK, 2, "npu:1")
+    assert fake.raw_pointer_attributes(dev.data_ptr() + 7) == (0, DEVICE, 1)
+    assert fake.raw_pointer_attributes(host.data_ptr()) == (0, HOST, 0)
+    assert fake.raw_pointer_attributes(torch.zeros(4).data_ptr())[:2] == (0, UNREGISTERED)
+    assert fake.raw_pointer_attributes(0)[0] == RT_PARAM_INVALID
+
+
+def test_register_twice_and_unregister_unknown_memory(fake):
+    buf = aligned_host_buffer(1 << 14)
+    torch.ops.kvswap._host_register(buf, NPU, True)
+    with pytest.raises(RuntimeError, match="ACL error 507910"):
+        torch.ops.kvswap._host_register(buf[4096:], NPU, True)
+    torch.ops.kvswap._host_register(buf, NPU, False)
+    with pytest.raises(RuntimeError, match="ACL error 507911"):
+        torch.ops.kvswap._host_register(buf, NPU, False)
+
+
+def test_capture_limit_counts_work_entries_and_answers_207008(fake):
+    """Copies of 256 bytes at 64 bytes a work entry: 8192 copies fill the
+    32768 entries, the next one fails at its own descriptor."""
+    fake.set_work_entry_bytes(64)
+    n = 8193
+    src, dst = device_blocks(2 * n, BLOCK, 1), host_blocks(2 * n, BLOCK, 2)
+    fake.capture_begin(0, 0)
+    try:
+        with pytest.raises(RuntimeError, match=r"failed at descriptor 8192:.*ACL error 207008.*EE1023.*"
+                                               r"copies 0\.\.8191 of this call were already queued"):
+            pointer_copy(src, dst, [(2 * i, 2 * i) for i in range(n)], 1)
+    finally:
+        graph = fake.capture_end(0, 0)
+    assert fake.graph_entries(graph) == 32768 and fake.graph_size(graph) == 8192
+
+
+# --- the engine against them -------------------------------------------------------------------------
+
+def test_capture_of_exactly_32768_copies_is_allowed(fake):
+    n = 32768
+    src, dst = device_blocks(2 * n, 64, 1), host_blocks(2 * n, 64, 2)
+    fake.capture_begin(0, 0)
+    try:
+        pointer_copy(src, dst, scattered(n), 1, block=64)
+    finally:
+        graph = fake.capture_end(0, 0)
+    assert fake.graph_size(graph) == n
+    fake.replay(graph, 0, 0)
+    torch.accelerator.synchronize()
+    assert torch.equal(dst[::2], src.cpu()[::2])
+
+
+def test_first_batch_on_a_stream_holds_one_entry(fake):
+    src, dst = host_blocks(10, BLOCK, 1), device_blocks(10, BLOCK, 2)
+    pointer_copy(src, dst, scattered(5), 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 2 and fake.last_batch()[0] == 4
+    pointer_copy(src, dst, scattered(5), 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 3 and fake.last_batch()[0] == 5
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[::2], src[::2])
+
+
+def test_a_refusal_for_one_stream_latches_only_that_stream(fake):
+    """A stream in a sub-graph capture refuses batches and host<->device
+    copies alike (the copy fails with CANN's 207000); the other streams of
+    the device keep the batch path."""
+    src, dst = host_blocks(10, BLOCK, 1), device_blocks(10, BLOCK, 2)
+    side = torch.Stream(device="npu:0")
+    fake.refuse_batches_on_stream(0, side.stream_id)
+    with side:
+        with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"):
+            pointer_copy(src, dst, [(0, 0), (2, 2)], 0)
+        with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"):
+            pointer_copy(src, dst, [(4, 4)], 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 1  # the one-entry first batch, refused, not asked again
+    assert fake.calls("aclrtMemcpyAsync") == 2
+    pointer_copy(src, dst, [(6, 6), (8, 8)], 0)       # the default stream still takes batches
+    assert fake.calls("aclrtMemcpyBatchAsync") == 3 and fake.calls("aclrtMemcpyAsync") == 2
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[[6, 8]], src[[6, 8]])
+
+
+def test_207000_for_a_whole_batch_on_the_first_call_reissues_nothing_twice(fake):
+    """CANN's loop queues entries 0..n-2 and answers 207000 for the last:
+    the engine's one-entry first batch is what keeps this from being
+    re-issued; every copy is queued exactly once."""
+    n = 6
+    src, dst = host_blocks(2 * n, BLOCK, 1), device_blocks(2 * n, BLOCK, 2)
+    fake.fail_entry(n - 1, FEATURE_NOT_SUPPORT, at_call=1)
+    pointer_copy(src, dst, scattered(n), 0)
+    assert fake.pending(0, 0) == n
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[::2], src[::2])
+
+
+def test_207000_after_the_stream_took_batches_fails_and_reissues_nothing(fake):
+    n = 6
+    src, dst = host_blocks(2 * n, BLOCK, 1), device_blocks(2 * n, BLOCK, 2)
+    warm_up(src, dst)
+    fake.fail_entry(n - 1, FEATURE_NOT_SUPPORT, at_call=2)
+    with pytest.raises(RuntimeError, match=r"descriptors 0\.\.5 failed: ACL error 207000.*no failing descriptor "
+                                           r"reported; copies 0\.\.5 may have been queued.*nothing was re-issued"):
+        pointer_copy(src, dst, scattered(n), 0)
+    assert fake.pending(0, 0) == n - 1  # what CANN queued, once
+    assert fake.calls("aclrtMemcpyAsync") == 0
+    # the stream is asked again, with one entry first, on the next call
+    pointer_copy(src, dst, scattered(3), 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 4 and fake.last_batch()[0] == 2
+
+
+def test_207000_for_a_later_batch_of_a_call_is_not_reissued_from_descriptor_0(fake):
+    n = 5000
+    src, dst = host_blocks(2 * n, 64, 1), device_blocks(2 * n, 64, 2)
+    warm_up(src, dst)
+    fake.fail("aclrtMemcpyBatchAsync", FEATURE_NOT_SUPPORT, at_call=3)
+    with pytest.raises(RuntimeError, match=r"descriptors 4096\.\.4999 failed: ACL error 207000.*copies 0\.\.4095 of "
+                                           r"this call were already queued.*copies 4096\.\.4999 may have been queued"):
+        pointer_copy(src, dst, scattered(n), 0, block=64)
+    assert fake.pending(0, 0) == 4096 and fake.calls("aclrtMemcpyAsync") == 0
+
+
+def test_a_refused_first_batch_latches_and_copies_per_descriptor(fake, capfd, recwarn):
+    """A device-wide refusal costs one refused one-entry call per stream, and
+    is logged once per device."""
+    fake.refuse_batches_on_device(0)
+    src, dst = host_blocks(12, BLOCK, 1), device_blocks(12, BLOCK, 2)
+    pointer_copy(src, dst, scattered(4), 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 1 and fake.calls("aclrtMemcpyAsync") == 4
+    with torch.Stream(device="npu:0"):
+        pointer_copy(src, dst, [(8, 8), (10, 10)], 0)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 2 and fake.calls("aclrtMemcpyAsync") == 6
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[::2], src[::2])
+    log = capfd.readouterr().err + "".join(str(w.message) for w in recwarn)
+    assert log.count("answered 207000") == 1
+
+
+def test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_parts(fake):
+    """A stream's first batch (descriptor 0) is queued; the next part fails
+    its check at its first entry: only descriptor 0 is on the stream."""
+    src, dst, other = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
+    sp = torch.tensor([src.data_ptr(), src.data_ptr() + 2 * BLOCK])
+    dp = torch.tensor([dst.data_ptr(), other.data_ptr()])
+    with pytest.raises(RuntimeError) as info:
+        torch_kvswap.swap_blocks_batch(sp, dp, torch.full((2,), BLOCK), 0)
+    text = str(info.value)
+    assert "failed at descriptor 1" in text and "copies 0..0 of this call were already queued" in text
+    assert "may have been queued" not in text
+    assert fake.pending(0, 0) == 1
+
+
+def test_without_the_attribute_query_a_registration_is_taken_at_its_word(fake):
+    fake.set_absent(["aclrtPointerGetAttributes"])
+    fake.set_register_does_nothing(True)
+    buf = aligned_host_buffer(1 << 14)
+    torch.ops.kvswap._host_register(buf, NPU, True)  # nothing can say otherwise
+    assert fake.kind(buf.data_ptr()) == "pageable" and fake.calls("aclrtPointerGetAttributes") == 0
+
+
+def test_batch_error_with_a_failing_index_never_says_nothing_was_queued(fake):
+    src, dst, other = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
+    warm_up(src, dst)
+    sp = torch.tensor([src.data_ptr() + 2 * BLOCK * i for i in range(3)])
+    dp = torch.tensor([dst.data_ptr(), dst.data_ptr() + 2 * BLOCK, other.data_ptr()])
+    with pytest.raises(RuntimeError) as info:
+        torch_kvswap.swap_blocks_batch(sp, dp, torch.full((3,), BLOCK), 0)
+    text = str(info.value)
+    assert "failed at descriptor 2" in text and "copies 0..1 may have been queued" in text
+    assert "no copy of this call was queued" not in text
+    assert fake.pending(0, 0) == 2
+
+
+@pytest.mark.parametrize("route", ["loop", "ub"])
+def test_batch_error_without_a_failing_index_says_the_batch_may_be_queued(fake, route):
+    fake.set_batch_route(route, ub_chunk=2)
+    src, dst = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    warm_up(src, dst)
+    fake.fail_entry(2, RT_PARAM_INVALID, at_call=2)
+    with pytest.raises(RuntimeError) as info:
+        pointer_copy(src, dst, scattered(4), 0)
+    text = str(info.value)
+    assert "no failing descriptor reported; copies 0..3 may have been queued" in text
+    assert "no copy of this call was queued" not in text
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[[0, 2]], src[[0, 2]])  # both routes queued the first two
+
+
+def test_per_descriptor_error_says_the_failed_copy_may_be_partly_queued(fake):
+    src, dst = device_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
+    fake.fail("aclrtMemcpyAsync", RT_PARAM_INVALID, at_call=1)
+    with pytest.raises(RuntimeError, match=r"failed at descriptor 0:.*copies 0\.\.0 may have been queued"):
+        pointer_copy(src, dst, scattered(2), 2)
+
+
+def test_registration_the_query_does_not_confirm_is_undone(fake, capfd, recwarn):
+    fake.set_register_does_nothing(True)
+    buf = aligned_host_buffer(1 << 14)
+    for _ in range(2):
+        with pytest.raises(NotImplementedError, match=r"does not report the whole range as registered host memory; "
+                                                      r"undoing the registration failed too: ACL error 507911"):
+            torch.ops.kvswap._host_register(buf, NPU, True)
+    log = capfd.readouterr().err + "".join(str(w.message) for w in recwarn)
+    assert log.count("fall back to the pinned allocator") == 1  # logged once
+
+
+@pytest.mark.parametrize("failing_query", [1, 2])
+def test_registration_is_checked_at_both_ends(fake, failing_query):
+    buf = aligned_host_buffer(1 << 14)
+    fake.fail("aclrtPointerGetAttributes", RT_PARAM_INVALID, at_call=failing_query)
+    with pytest.raises(NotImplementedError, match="the registration was undone"):
+        torch.ops.kvswap._host_register(buf, NPU, True)
+    assert fake.kind(buf.data_ptr()) == "pageable" and fake.kind(buf.data_ptr() + (1 << 14) - 1) == "pageable"
+    torch.ops.kvswap._host_register(buf, NPU, True)  # a query that answers: accepted
+    assert fake.calls("aclrtPointerGetAttributes") == failing_query + 2
+    torch.ops.kvswap._host_register(buf, NPU, False)
+
+
+def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_nothing(fake):
+    from torch_kvswap import KVCacheOffloader
+
+    fake.set_register_does_nothing(True)
+    caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
+    off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
+    try:
+        assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
+    finally:
+        off.shutdown()
+
+
+def test_a_host_tensor_is_pinned_only_if_its_whole_range_is(fake):
+    def pinned(t):
+        return torch.ops.kvswap._host_pinned.default._op_dk("PrivateUse1", t, NPU)
+
+    outer = aligned_host_buffer(4 * 4096)
+    torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, True)
+    try:
+        assert pinned(outer[:2 * 4096]) and pinned(outer[4096:2 * 4096])
+        assert not pinned(outer[4096:3 * 4096])  # straddles the end of the pinned range
+        assert not pinned(outer[2 * 4096:])
+    finally:
+        torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, False)
+
+
+def test_shutdown_survives_an_unregister_failure(fake, caplog):
+    from torch_kvswap import KVCacheOffloader, handler
+
+    caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
+    off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
+    assert fake.kind(off.host_tensors[0].data_ptr()) == "pinned"
+    kept = len(handler._STILL_REGISTERED)
+    fake.fail("aclrtHostUnregister", RT_PARAM_INVALID)
+    with caplog.at_level("ERROR", logger="torch_kvswap"):
+        off.shutdown()
+    assert "unregistering" in caplog.text and "ACL error 107000" in caplog.text
+    assert off.host_tensors == [] and off.host_bytes == 0
+    assert len(handler._STILL_REGISTERED) == kept + 1  # the still-registered memory is never freed
+    off.shutdown()  # idempotent
