@@ -371,6 +371,30 @@ bool Engine::host_pinned(const at::Tensor& buffer, c10::Device device) {
                                          c10::DeviceType::PrivateUse1);
 }
 
+std::vector<std::string> Engine::report(c10::Device device) {
+  const bool batch = api_.memcpy_batch_async != nullptr;
+  const bool refused = batch && batch_state(current_stream(device)) == BatchState::kRefused;
+  return {
+      std::string("batch_api=") +
+          (!batch     ? "absent (aclrtMemcpyBatchAsync): one aclrtMemcpyAsync per copy"
+           : refused  ? "aclrtMemcpyBatchAsync found, refused on the current stream (207000): one "
+                        "aclrtMemcpyAsync per copy there"
+                      : "aclrtMemcpyBatchAsync found"),
+      std::string("capture_query=") +
+          (api_.capture_get_info != nullptr ? "aclmdlRICaptureGetInfo found"
+                                            : "absent (aclmdlRICaptureGetInfo): copies take the "
+                                              "per-descriptor path, legal in and out of capture"),
+      std::string("pin_in_place=") +
+          (api_.host_register_v2 != nullptr ? "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) found"
+                                            : "absent (aclrtHostRegisterV2): host mirrors use the "
+                                              "pinned allocator"),
+      std::string("pin_check=") +
+          (api_.pointer_get_attributes != nullptr ? "aclrtPointerGetAttributes found"
+                                                  : "absent (aclrtPointerGetAttributes): a pin in "
+                                                    "place is not verified"),
+  };
+}
+
 namespace {
 
 void submit_kernel(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
@@ -388,6 +412,8 @@ bool host_pinned_kernel(const at::Tensor& buffer, c10::Device device) {
   return engine().host_pinned(buffer, device);
 }
 
+std::vector<std::string> engine_report_kernel(c10::Device device) { return engine().report(device); }
+
 }  // namespace
 }  // namespace ascend
 }  // namespace kvswap
@@ -397,4 +423,5 @@ TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) {
   m.impl("_stream_capturing", &kvswap::ascend::stream_capturing_kernel);
   m.impl("_host_register", &kvswap::ascend::host_register_kernel);
   m.impl("_host_pinned", &kvswap::ascend::host_pinned_kernel);
+  m.impl("_engine_report", &kvswap::ascend::engine_report_kernel);
 }

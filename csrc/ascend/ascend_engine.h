@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "../kvswap.h"
 #include "acl_api.h"
@@ -66,6 +67,9 @@ class Engine {
   void host_register(const at::Tensor& buffer, c10::Device device, bool pin);
   // kvswap::_host_pinned: whether `buffer`'s storage is page-locked.
   bool host_pinned(const at::Tensor& buffer, c10::Device device);
+  // kvswap::_engine_report: which optional ACL functions this CANN has and
+  // what the engine does with them on `device` ("name=value" lines).
+  std::vector<std::string> report(c10::Device device);
 
   // The capture state of `stream` (public for tests of the decision table).
   Capture capture_state(AclStream stream);

@@ -37,6 +37,19 @@ def test_engine_loads_and_copies_without_batch_api_and_capture_query():
     assert fake.calls("aclrtMemcpyAsync") == 2
 
 
+def test_environment_report_says_which_optional_functions_are_absent():
+    if not NEEDED <= absent():
+        pytest.skip(f"run with KVSWAP_FAKE_ACL_ABSENT naming at least {','.join(sorted(NEEDED))}")
+    from fake_npu import load_fake
+
+    load_fake()
+    report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("npu:0")))
+    assert report["batch_api"].startswith("absent (aclrtMemcpyBatchAsync)")
+    assert report["capture_query"].startswith("absent (aclmdlRICaptureGetInfo)")
+    for name, function in (("pin_in_place", "aclrtHostRegisterV2"), ("pin_check", "aclrtPointerGetAttributes")):
+        assert report[name].startswith("absent" if function in absent() else function), report
+
+
 def test_host_registration_without_the_optional_functions():
     """Without aclrtHostRegisterV2 the engine says so (the offloader then uses
     the pinned allocator); with it but without aclrtPointerGetAttributes the
