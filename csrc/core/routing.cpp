@@ -33,6 +33,7 @@ void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
   const auto device = pointer_op_device();
   const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
+  if (checked_mode()) check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
   submit(plan, static_cast<Direction>(direction), device);  // an empty plan asks no engine
 }
 
@@ -40,7 +41,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::
                                                                       const at::Tensor& dst_ptrs,
                                                                       const at::Tensor& sizes,
                                                                       int64_t direction) {
-  auto [s, d, z] = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, pointer_op_device()).rows();
+  const auto device = pointer_op_device();
+  const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
+  if (checked_mode()) check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  auto [s, d, z] = plan.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
 
@@ -249,6 +253,8 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
   const auto did = dst_block_ids.contiguous();
   if (sid.device().is_cpu() && did.device().is_cpu()) {
     check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
+  } else if (checked_mode()) {
+    check_device_resident_ids(sid, did, pairs, device);
   }
   kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches,
                               sid, did);
