@@ -137,49 +137,56 @@ class RegionTable {
   std::shared_ptr<const Snapshot> snapshot_;
 };
 
-// Orders `idx` (indices into `addr`) by address. A caller's descriptors are
-// often already in order (one check); otherwise a radix sort of the
-// addresses relative to the lowest, in units of their common power-of-two
-// alignment, when that fits 32 bits (the usual case: blocks of a few caches),
-// else a comparison sort. The checks' cost is mostly this sort.
-void order_by_address(const int64_t* addr, std::vector<int64_t>& idx) {
-  const size_t n = idx.size();
-  auto at = [&](int64_t i) { return static_cast<uint64_t>(addr[i]); };
+// One side of one descriptor: the bytes [begin, end) of descriptor `index`.
+struct Span {
+  uint64_t begin;
+  uint64_t end;
+  int64_t index;
+};
+
+// The spans of one side of a call, in the caller's order, and what the sort
+// needs to know about them, gathered in one pass.
+struct Spans {
+  std::vector<Span> spans;
+  std::vector<Span> scratch;
   bool sorted = true;
-  for (size_t k = 1; k < n && sorted; ++k) sorted = at(idx[k - 1]) <= at(idx[k]);
-  if (sorted) return;
-  uint64_t lowest = UINT64_MAX, highest = 0;
-  for (const auto i : idx) {
-    lowest = std::min(lowest, at(i));
-    highest = std::max(highest, at(i));
-  }
+  uint64_t lowest = UINT64_MAX;
+  uint64_t highest = 0;
+};
+
+// Orders spans by begin. A caller's descriptors are often already in order
+// (then nothing is done); otherwise a radix sort of the begins relative to
+// the lowest, in units of their common power-of-two alignment, when that
+// fits 32 bits (the usual case: blocks of a few caches), else a comparison
+// sort. The checks' cost is mostly this sort.
+void order_by_address(Spans& s) {
+  if (s.sorted) return;
+  auto& v = s.spans;
+  const size_t n = v.size();
   uint64_t spread = 0;
-  for (const auto i : idx) spread |= at(i) - lowest;
+  for (const auto& x : v) spread |= x.begin - s.lowest;
   const int shift = spread == 0 ? 0 : __builtin_ctzll(spread);
-  const uint64_t range = (highest - lowest) >> shift;
-  if (range > 0xffffffffu || n > 0xffffffffu) {
-    std::sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return at(a) < at(b); });
+  const uint64_t range = (s.highest - s.lowest) >> shift;
+  if (range > 0xffffffffu) {
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
     return;
   }
-  // Keys above, positions in idx below; at most three passes of 11 bits.
-  std::vector<uint64_t> keys(n), scratch(n);
-  for (size_t k = 0; k < n; ++k) keys[k] = (((at(idx[k]) - lowest) >> shift) << 32) | k;
+  // Least significant digit first, in as few passes of at most 11 bits as
+  // the key's width allows; each pass is stable.
   const int bits = range == 0 ? 1 : 64 - __builtin_clzll(range);
   const int passes = (bits + 10) / 11;
   const int width = (bits + passes - 1) / passes;
   const uint64_t mask = (uint64_t{1} << width) - 1;
-  std::vector<uint32_t> start((size_t{1} << width) + 1);
+  uint32_t start[(1 << 11) + 1];
+  s.scratch.resize(n);
   for (int pass = 0; pass < passes; ++pass) {
-    const int digit = 32 + pass * width;
-    std::fill(start.begin(), start.end(), 0u);
-    for (const uint64_t v : keys) ++start[((v >> digit) & mask) + 1];
-    for (size_t b = 1; b < start.size(); ++b) start[b] += start[b - 1];
-    for (const uint64_t v : keys) scratch[start[(v >> digit) & mask]++] = v;
-    keys.swap(scratch);
+    const int digit = shift + pass * width;
+    std::fill(start, start + (size_t{1} << width) + 1, 0u);
+    for (const auto& x : v) ++start[(((x.begin - s.lowest) >> digit) & mask) + 1];
+    for (size_t b = 1; b <= (size_t{1} << width); ++b) start[b] += start[b - 1];
+    for (const auto& x : v) s.scratch[start[((x.begin - s.lowest) >> digit) & mask]++] = x;
+    v.swap(s.scratch);
   }
-  std::vector<int64_t> out(n);
-  for (size_t k = 0; k < n; ++k) out[k] = idx[keys[k] & 0xffffffffu];
-  idx.swap(out);
 }
 
 void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
@@ -222,20 +229,17 @@ void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
                     "the address (an id off by one, or the wrong buffer?)");
 }
 
-// Every interval [addr[i], +size[i]) for i in `order` (sorted by address)
-// lies inside one region of `side`: one walk over both sorted lists.
-void check_inside_regions(const char* op, const char* name, const int64_t* addr,
-                          const int64_t* size, const std::vector<int64_t>& order, Side side,
-                          const Snapshot& snap) {
+// Every span (sorted by begin) lies inside one region of `side`: one walk
+// over both sorted lists.
+void check_inside_regions(const char* op, const char* name, const std::vector<Span>& sorted,
+                          Side side, const Snapshot& snap) {
   const auto& t = snap.sides[static_cast<int>(side)];
   const size_t count = t.begin.size();
-  size_t p = 0;  // regions [0, p) begin at or before the current address
-  for (const auto i : order) {
-    const uint64_t a = static_cast<uint64_t>(addr[i]);
-    const uint64_t b = a + static_cast<uint64_t>(size[i]);
-    while (p < count && t.begin[p] <= a) ++p;
-    if (p == 0 || t.max_end[p - 1] < b) {
-      refuse_outside(op, name, i, a, static_cast<uint64_t>(size[i]), side, snap);
+  size_t p = 0;  // regions [0, p) begin at or before the current span
+  for (const auto& x : sorted) {
+    while (p < count && t.begin[p] <= x.begin) ++p;
+    if (p == 0 || t.max_end[p - 1] < x.end) {
+      refuse_outside(op, name, x.index, x.begin, x.end - x.begin, side, snap);
     }
   }
 }
@@ -257,26 +261,54 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
   const int64_t* size = size_c.const_data_ptr<int64_t>();
   const int64_t n = src_c.numel();
   const auto direction = static_cast<Direction>(direction_code);
-  std::vector<int64_t> by_dst;
-  by_dst.reserve(static_cast<size_t>(n));
-  for (const auto i : c10::irange(n)) {
-    if (size[i] > 0) by_dst.push_back(i);  // zero-byte descriptors copy nothing
+  // Per thread, so that a call allocates nothing once the vectors have grown.
+  thread_local Spans tls_src, tls_dst;
+  Spans& by_src = tls_src;
+  Spans& by_dst = tls_dst;
+  by_src.spans.resize(static_cast<size_t>(n));
+  by_dst.spans.resize(static_cast<size_t>(n));
+  Span* ss = by_src.spans.data();
+  Span* ds = by_dst.spans.data();
+  bool src_sorted = true, dst_sorted = true;
+  uint64_t src_lo = UINT64_MAX, src_hi = 0, dst_lo = UINT64_MAX, dst_hi = 0;
+  size_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (size[i] == 0) continue;  // zero-byte descriptors copy nothing
+    const uint64_t s = static_cast<uint64_t>(src[i]), d = static_cast<uint64_t>(dst[i]);
+    const uint64_t z = static_cast<uint64_t>(size[i]);
+    src_sorted &= m == 0 || ss[m - 1].begin <= s;
+    dst_sorted &= m == 0 || ds[m - 1].begin <= d;
+    src_lo = std::min(src_lo, s);
+    src_hi = std::max(src_hi, s);
+    dst_lo = std::min(dst_lo, d);
+    dst_hi = std::max(dst_hi, d);
+    ss[m] = Span{s, s + z, i};
+    ds[m] = Span{d, d + z, i};
+    ++m;
   }
-  std::vector<int64_t> by_src = by_dst;
-  order_by_address(src, by_src);
-  order_by_address(dst, by_dst);
+  by_src.spans.resize(m);
+  by_dst.spans.resize(m);
+  by_src.sorted = src_sorted;
+  by_dst.sorted = dst_sorted;
+  by_src.lowest = src_lo;
+  by_src.highest = src_hi;
+  by_dst.lowest = dst_lo;
+  by_dst.highest = dst_hi;
+  order_by_address(by_src);
+  order_by_address(by_dst);
+  const auto& srcs = by_src.spans;
+  const auto& dsts = by_dst.spans;
 
   const auto snap = RegionTable::instance().snapshot();
   const Side src_side = direction == Direction::kHostToDevice ? Side::kHost : Side::kDevice;
   const Side dst_side = direction == Direction::kDeviceToHost ? Side::kHost : Side::kDevice;
-  check_inside_regions(op, "src_ptrs", src, size, by_src, src_side, *snap);
-  check_inside_regions(op, "dst_ptrs", dst, size, by_dst, dst_side, *snap);
+  check_inside_regions(op, "src_ptrs", srcs, src_side, *snap);
+  check_inside_regions(op, "dst_ptrs", dsts, dst_side, *snap);
 
-  // Sorted by start, two destinations overlap only if two neighbours do.
-  for (size_t k = 1; k < by_dst.size(); ++k) {
-    const int64_t a = by_dst[k - 1], b = by_dst[k];
-    if (static_cast<uint64_t>(dst[a]) + static_cast<uint64_t>(size[a]) >
-        static_cast<uint64_t>(dst[b])) {
+  // Sorted by begin, two destinations overlap only if two neighbours do.
+  for (size_t k = 1; k < dsts.size(); ++k) {
+    if (dsts[k - 1].end > dsts[k].begin) {
+      const int64_t a = dsts[k - 1].index, b = dsts[k].index;
       TORCH_CHECK_VALUE(false, op, " (checked mode): the destinations of descriptors ",
                         std::min(a, b), " and ", std::max(a, b), " overlap: dst_ptrs[", a, "] = ",
                         hex(dst[a]), " (+", size[a], " bytes) and dst_ptrs[", b, "] = ",
@@ -291,17 +323,13 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
   // one device.
   if (!(device.is_cpu() || direction == Direction::kDeviceToDevice)) return;
   size_t p = 0;  // destinations before p end at or before the current source
-  for (const auto i : by_src) {
-    const uint64_t s = static_cast<uint64_t>(src[i]);
-    const uint64_t e = s + static_cast<uint64_t>(size[i]);
-    while (p < by_dst.size() &&
-           static_cast<uint64_t>(dst[by_dst[p]]) + static_cast<uint64_t>(size[by_dst[p]]) <= s) {
-      ++p;
-    }
-    if (p < by_dst.size() && static_cast<uint64_t>(dst[by_dst[p]]) < e) {
-      const int64_t w = by_dst[p];  // never i: a descriptor's own overlap is refused earlier
+  for (const auto& x : srcs) {
+    while (p < dsts.size() && dsts[p].end <= x.begin) ++p;
+    if (p < dsts.size() && dsts[p].begin < x.end) {
+      const int64_t i = x.index;
+      const int64_t w = dsts[p].index;  // never i: a descriptor's own overlap is refused earlier
       TORCH_CHECK_VALUE(false, op, " (checked mode): descriptor ", i, " reads src_ptrs[", i,
-                        "] = ", hex(s), " (+", size[i], " bytes), which descriptor ", w,
+                        "] = ", hex(x.begin), " (+", size[i], " bytes), which descriptor ", w,
                         " writes (dst_ptrs[", w, "] = ", hex(dst[w]), ", +", size[w],
                         " bytes): a chain. The copies of one call run concurrently and in no "
                         "set order, so descriptor ", i, " may read the bytes before or after "

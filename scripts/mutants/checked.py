@@ -27,8 +27,8 @@ MUTANTS = [
     dict(
         name="checked-region-end-ignored",
         file=_CPP,
-        find="if (p == 0 || t.max_end[p - 1] < b) {",
-        replace="if (p == 0 || t.max_end[p - 1] <= a) {",
+        find="if (p == 0 || t.max_end[p - 1] < x.end) {",
+        replace="if (p == 0 || t.max_end[p - 1] <= x.begin) {",
         tests=_OPS,
         why="a descriptor that starts inside a region but runs past its end (an id one past "
             "the last block) must be refused",
@@ -62,8 +62,8 @@ MUTANTS = [
     dict(
         name="checked-destination-overlaps-unchecked",
         file=_CPP,
-        find="  for (size_t k = 1; k < by_dst.size(); ++k) {",
-        replace="  for (size_t k = by_dst.size(); k < by_dst.size(); ++k) {",
+        find="  for (size_t k = 1; k < dsts.size(); ++k) {",
+        replace="  for (size_t k = dsts.size(); k < dsts.size(); ++k) {",
         tests=_OPS,
         why="two descriptors writing the same bytes race and must be refused",
     ),
@@ -78,15 +78,15 @@ MUTANTS = [
     dict(
         name="checked-touching-chain-refused",
         file=_CPP,
-        find="if (p < by_dst.size() && static_cast<uint64_t>(dst[by_dst[p]]) < e) {",
-        replace="if (p < by_dst.size() && static_cast<uint64_t>(dst[by_dst[p]]) <= e) {",
+        find="if (p < dsts.size() && dsts[p].begin < x.end) {",
+        replace="if (p < dsts.size() && dsts[p].begin <= x.end) {",
         tests=_OPS,
         why="a source that only touches another descriptor's destination is no chain",
     ),
     dict(
         name="checked-unsorted-descriptors-not-sorted",
         file=_CPP,
-        find="  if (sorted) return;\n",
+        find="  if (s.sorted) return;\n",
         replace="  return;\n",
         tests=_OPS,
         why="the overlap and region walks need the descriptors in address order",
