@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -35,6 +36,13 @@ def make(check=True, **kw):
 def settle(off, *job_ids):
     off.wait(set(job_ids))
     return {r.job_id: r.success for r in off.get_finished()}
+
+
+def copies_done(off):
+    """Waits until every pending job's copy has run, without telling the offloader
+    (``wait`` would count as the caller seeing them finish)."""
+    while not all(job.finished() for job in list(off._pending.values())):
+        time.sleep(0.001)
 
 
 def state(off):
@@ -92,7 +100,7 @@ def test_each_broken_contract_is_refused_naming_the_jobs_and_nothing_is_copied(n
     jobs, message = SCENARIOS[name]
     with make() as off:
         run(off, jobs[:-1])
-        off.wait(off.pending())  # the earlier jobs' copies have run, not been reported
+        copies_done(off)  # the earlier jobs' copies have run; the caller has not seen it
         before = state(off)
         with pytest.raises(ValueError, match="checked mode: " + message):
             run(off, jobs[-1:])
@@ -122,6 +130,19 @@ def test_the_contract_kept_passes_and_round_trips():
         assert settle(off, 4) == {4: True}
         for t, w in zip(off.device_tensors, want):
             assert torch.equal(t[[0, 1]], w) and torch.equal(t[[6, 7]], w)
+
+
+def test_a_job_waited_for_counts_as_seen_finished_before_it_is_reported():
+    with make() as off:
+        off.store(1, [4, 5], [2])
+        off.wait({1})
+        off.load(2, [2], [0, 1])  # job 1 is not reported yet, but was waited for
+        off.wait({2})
+        off.store(3, [0, 1], [2])  # likewise job 2
+        off.wait({3})
+        assert [(r.job_id, r.success) for r in off.get_finished()] == [(1, True), (3, True), (2, True)]
+        for t in off.device_tensors:
+            assert torch.equal(t[[0, 1]], t[[4, 5]])
 
 
 def test_a_block_stored_twice_is_pending_until_the_later_store_is_reported():

@@ -138,12 +138,13 @@ class OffloaderChecks:
     """The contract of one :class:`~torch_kvswap.KVCacheOffloader`, tracked per host sub-block.
 
     Each host sub-block of each KV-cache group is *empty*, *being stored*
-    (a store job writes it and was not reported finished), *stored*, or
-    *being loaded* (stored, and pending loads read it). Refused at
-    submission, before anything is queued:
+    (a store job writes it and the caller has not seen it finish), *stored*,
+    or *being loaded* (stored, and pending loads read it). The caller sees a
+    job finish when ``get_finished`` reports it or ``wait`` returns for it.
+    Refused at submission, before anything is queued:
 
-    * a load of a sub-block that is empty, or whose store was not reported
-      finished by ``get_finished`` (vLLM #47282: loads racing stores);
+    * a load of a sub-block that is empty, or whose store the caller has not
+      seen finish (vLLM #47282: loads racing stores);
     * a store into a sub-block that a pending load still reads;
     * a store of device blocks that a pending load is still writing.
 
@@ -199,7 +200,7 @@ class OffloaderChecks:
                         raise ValueError(
                             f"checked mode: store job {job.job_id} writes {self._where(row, g)}, "
                             f"which load job {other} still reads (not yet reported finished by "
-                            "get_finished()); the load would copy a mix of old and new data. "
+                            "get_finished() nor waited for); the load would copy a mix of old and new data. "
                             f"Store after job {other} is reported")
                     hit = np.flatnonzero(self._writing[h, dev] > 0)
                     if hit.size:
@@ -208,7 +209,7 @@ class OffloaderChecks:
                         raise ValueError(
                             f"checked mode: store job {job.job_id} reads device block {block} "
                             f"(group {g}), which load job {other} is still writing (not yet "
-                            "reported finished by get_finished()); the store would save a "
+                            "reported finished by get_finished() nor waited for); the store would save a "
                             f"half-loaded block. Store after job {other} is reported")
             else:
                 for h in related:
@@ -218,7 +219,7 @@ class OffloaderChecks:
                         raise ValueError(
                             f"checked mode: load job {job.job_id} reads {self._where(row, g)}, "
                             f"whose store job {int(self._storing[h, row])} has not been reported "
-                            "finished by get_finished(); jobs of different lanes are not "
+                            "finished by get_finished() nor waited for; jobs of different lanes are not "
                             "ordered, so the load may copy the block before the store has "
                             f"written it. Load after job {int(self._storing[h, row])} is "
                             "reported")
@@ -227,7 +228,7 @@ class OffloaderChecks:
                     row = int(host[hit[0]])
                     raise ValueError(
                         f"checked mode: load job {job.job_id} reads {self._where(row, g)}, which "
-                        "holds nothing: no store into it was reported finished, so the load "
+                        "holds nothing: no store into it was seen to finish, so the load "
                         "would fill the device blocks with whatever the mirror held (an id "
                         "off by one, or a block never stored?)")
         for g, host, dev in parts:
@@ -239,9 +240,15 @@ class OffloaderChecks:
                 self._writing[g, dev] += 1  # a job's destinations are distinct
         self._jobs[job.job_id] = (is_store, parts)
 
+    def observed(self, jobs: list[Any]) -> None:
+        """Records that ``wait`` returned for ``jobs``: the caller has seen them finish."""
+        for job in jobs:
+            self.finish(job, job.error is None)
+
     def finish(self, job: Any, ok: bool) -> None:
-        """Records that ``get_finished`` reported ``job`` (a store that failed leaves its
-        sub-blocks empty)."""
+        """Records that the caller saw ``job`` finish: ``get_finished`` reported it, or
+        ``wait`` returned for it (a store that failed leaves its sub-blocks empty). Once
+        per job; later calls do nothing."""
         entry = self._jobs.pop(job.job_id, None)
         if entry is None:
             return

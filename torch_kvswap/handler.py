@@ -625,6 +625,9 @@ class KVCacheOffloader:
                     job.end_event.synchronize()
                 except Exception as exc:  # noqa: BLE001 - reported by get_finished
                     job.error = job.error or f"{type(exc).__name__}: {exc}"
+        if self._checks is not None:
+            with self._lock:
+                self._checks.observed(jobs)  # the caller has seen them finish
 
     def pending(self) -> list[int]:
         """Job ids submitted and not yet reported by ``get_finished``."""

@@ -166,6 +166,14 @@ MUTANTS = [
         why="a block stored twice is pending until the later store is reported",
     ),
     dict(
+        name="checked-wait-not-seen-as-finished",
+        file="torch_kvswap/handler.py",
+        find="                self._checks.observed(jobs)  # the caller has seen them finish\n",
+        replace="                pass\n",
+        tests=_OFF,
+        why="a job the caller waited for has finished; a load after it is no race",
+    ),
+    dict(
         name="checked-groups-sharing-tensors-ignored",
         file=_PY,
         find="            related = self._related[g]\n",
