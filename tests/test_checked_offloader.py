@@ -11,7 +11,6 @@ import random
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
 

@@ -9,9 +9,9 @@ MUTANTS = [
     # --- the switch ---
     dict(
         name="checked-mode-never-on",
-        file="csrc/core/core.h",
-        find="inline bool checked_mode() { return g_checked_mode.load(std::memory_order_relaxed); }",
-        replace="inline bool checked_mode() { return false; }",
+        file=_CPP,
+        find="void set_checked_mode(bool on) { g_checked_mode.store(on, std::memory_order_relaxed); }",
+        replace="void set_checked_mode(bool on) { g_checked_mode.store(false, std::memory_order_relaxed); }",
         tests=_OPS,
         why="checked() must turn the core's checks on",
     ),
