@@ -58,7 +58,6 @@ struct Region {
 struct SideTable {
   std::vector<uint64_t> begin;
   std::vector<uint64_t> max_end;
-  std::vector<const Region*> region;
 };
 
 struct Snapshot {
@@ -127,7 +126,6 @@ class RegionTable {
       auto& t = next->sides[static_cast<int>(r.side)];
       t.begin.push_back(r.begin);
       t.max_end.push_back(t.max_end.empty() ? r.end : std::max(t.max_end.back(), r.end));
-      t.region.push_back(&r);
     }
     snapshot_ = std::move(next);
   }

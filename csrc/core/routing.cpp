@@ -33,7 +33,9 @@ void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
   const auto device = pointer_op_device();
   const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  if (checked_mode()) check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  if (checked_mode()) {  // before anything is submitted (docs/checked.md)
+    check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  }
   submit(plan, static_cast<Direction>(direction), device);  // an empty plan asks no engine
 }
 
@@ -43,7 +45,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::
                                                                       int64_t direction) {
   const auto device = pointer_op_device();
   const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  if (checked_mode()) check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  if (checked_mode()) {  // before anything is submitted (docs/checked.md)
+    check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  }
   auto [s, d, z] = plan.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
@@ -249,6 +253,7 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
   // engine copies them into the kernel's parameters (no transfer, no sync).
   // Ids on the device are not read back (that would synchronize and bake
   // them into a captured graph): the kernel skips any id out of range.
+  // Checked mode reads them back and checks them, outside capture.
   const auto sid = src_block_ids.contiguous();
   const auto did = dst_block_ids.contiguous();
   if (sid.device().is_cpu() && did.device().is_cpu()) {
