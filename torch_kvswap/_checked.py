@@ -275,7 +275,7 @@ def attach(offloader: Any, check: bool | None) -> OffloaderChecks | None:
     for i, t in enumerate(offloader.host_tensors):
         if t.numel():
             ids.append(int(torch.ops.kvswap._register_region(t, "host", f"host mirror {i}")))
-    weakref.finalize(offloader, _unregister_all, ids)
+    weakref.finalize(offloader, _unregister_all, ids).atexit = False  # nothing to drop at exit
     if check is None:
         check = is_checked()
     return OffloaderChecks(offloader) if check else None
