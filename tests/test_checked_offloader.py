@@ -151,11 +151,13 @@ def test_a_block_stored_twice_is_pending_until_the_later_store_is_reported():
         off._copy = lambda job: (gate.wait() if job.job_id == 2 else None, real(job))
         off.store(1, [0, 1], [2])
         off.store(2, [2, 3], [2])
-        off.wait({1})
-        assert [r.job_id for r in off.get_finished()] == [1]  # job 2 is still running
-        with pytest.raises(ValueError, match="load job 3 reads host block 2 .*whose store job 2"):
-            off.load(3, [2], [4, 5])
-        gate.set()
+        try:
+            off.wait({1})
+            assert [r.job_id for r in off.get_finished()] == [1]  # job 2 is still running
+            with pytest.raises(ValueError, match="load job 3 reads host block 2 .*whose store job 2"):
+                off.load(3, [2], [4, 5])
+        finally:
+            gate.set()  # a failure above must not leave shutdown waiting for job 2
         assert settle(off, 2) == {2: True}
         off.load(3, [2], [4, 5])
         assert settle(off, 3) == {3: True}
