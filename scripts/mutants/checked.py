@@ -184,8 +184,8 @@ MUTANTS = [
     dict(
         name="checked-offloader-ignores-the-mode",
         file=_PY,
-        find="    return OffloaderChecks(offloader) if check else None",
-        replace="    return OffloaderChecks(offloader) if check is True else None",
+        find="    if check is None:\n        check = is_checked()\n",
+        replace="    if check is None:\n        check = False\n",
         tests=_OFF,
         why="an offloader built in checked mode tracks its jobs without check=True",
     ),
