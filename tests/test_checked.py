@@ -248,11 +248,12 @@ def test_sources_may_repeat_and_destinations_may_touch(setup):
 
 
 def test_a_chain_that_only_touches_is_not_a_chain(setup):
-    # Descriptor 1 reads the block right after the one descriptor 0 writes.
-    src = blocks_of(setup.cache, [0, 4])
+    # Descriptor 0 reads the block right before the one it writes, descriptor
+    # 1 the block right after it: both touch block 3 from outside.
+    src = blocks_of(setup.cache, [2, 4])
     dst = blocks_of(setup.cache, [3, 6])
     expected = setup.cache_backing.clone()
-    expected[[3, 6]] = setup.cache[[0, 4]]
+    expected[[3, 6]] = setup.cache[[2, 4]]
     with torch_kvswap.checked():
         call(src, dst, [BLOCK] * 2, Direction.DEVICE_TO_DEVICE)
     assert torch.equal(setup.cache_backing, expected)
