@@ -105,4 +105,23 @@ TORCH_LIBRARY(kvswap, m) {
   // intra-op threads (1: the calling thread alone). For tests. Not for
   // direct use.
   m.def("_host_copy_plan(int total_bytes) -> (str, int)");
+
+  // Checked mode (csrc/core/checked.cpp, docs/checked.md). Process-wide
+  // switch; torch_kvswap.checked() and KVSWAP_CHECK drive it. Not for
+  // direct use.
+  m.def("_set_checked(bool on) -> ()");
+  m.def("_get_checked() -> bool");
+
+  // Registers the bytes `region` spans as memory the pointer op may copy
+  // from or to on `side` ("host" or "device"), named `label` in errors;
+  // returns the region's id. The table holds the storage weakly: a region
+  // whose memory was freed is dropped. Checked mode refuses descriptors
+  // outside every region. torch_kvswap.register_region wraps it.
+  m.def("_register_region(Tensor region, str side, str label) -> int");
+
+  // Drops a region by id; false when there was none (already dropped).
+  m.def("_unregister_region(int id) -> bool");
+
+  // "side:label" of every live region, in address order. For tests.
+  m.def("_region_labels() -> str[]");
 }

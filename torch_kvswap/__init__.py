@@ -10,6 +10,11 @@ Operators (namespace ``kvswap``), also as typed wrappers here:
 
 :class:`KVCacheOffloader` owns host mirrors, streams and events around them.
 
+Checked mode (:func:`checked`, ``KVSWAP_CHECK=1``; docs/checked.md) turns
+silent KV-cache corruption into errors: the pointer op's descriptors must lie
+in regions registered with :func:`register_region`, and the offloader refuses
+jobs that break its contract.
+
 Importing the package loads the compiled core (with the host engine) and every
 accelerator engine that was built.
 """
@@ -32,9 +37,10 @@ from .ops import (  # noqa: E402
     swap_blocks,
     swap_blocks_batch,
 )
+from ._checked import Region, checked, is_checked, register_region, set_checked  # noqa: E402
 from .handler import DeviceBlocks, HostBlocks, KVCacheOffloader, TransferResult  # noqa: E402
 
-__all__ = ["DeviceBlocks", "Direction", "ENGINES", "HostBlocks", "KVCacheOffloader",
-           "TransferResult", "expand_block_ids", "get_copy_method", "set_copy_method", "swap_blocks",
-           "swap_blocks_batch"]
+__all__ = ["DeviceBlocks", "Direction", "ENGINES", "HostBlocks", "KVCacheOffloader", "Region",
+           "TransferResult", "checked", "expand_block_ids", "get_copy_method", "is_checked",
+           "register_region", "set_checked", "set_copy_method", "swap_blocks", "swap_blocks_batch"]
 __version__ = "0.1.0"

@@ -105,6 +105,13 @@ def _host_mapped_fake(tensors, device):
     return False
 
 
+@torch.library.register_fake("kvswap::_register_region")
+def _register_region_fake(region, side, label):
+    # Registration changes a process-wide table; a graph could not replay it.
+    raise RuntimeError("torch_kvswap.register_region is an eager call: register regions "
+                       "outside torch.compile (checked mode's checks run in the eager kernels)")
+
+
 def _plan_fake():
     # The number of descriptors after merging depends on the ids' values.
     ctx = torch.library.get_ctx()

@@ -54,7 +54,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from . import ops
+from . import _checked, ops
 
 logger = logging.getLogger("torch_kvswap")
 
@@ -247,6 +247,8 @@ class KVCacheOffloader:
             use; ``num_host_blocks = host_bytes // (factor * bytes_per_device_block)``,
             which must be at least 1. Page-alignment padding (under 4 KiB per
             tensor plus 4 KiB) comes on top.
+        check: track each host block and refuse jobs that break the contract
+            (docs/checked.md); default: whether checked mode is on now.
 
     The host mirrors have the device caches' per-block layout, in one
     allocation whose start and every mirror start on a 4 KiB page boundary,
@@ -258,7 +260,7 @@ class KVCacheOffloader:
                  host_block_size: int, num_host_blocks: int | None = None, *,
                  kv_stacked: bool | None = None, pin_memory: bool | None = None,
                  groups: Sequence[Sequence[int]] | None = None,
-                 host_bytes: int | None = None) -> None:
+                 host_bytes: int | None = None, check: bool | None = None) -> None:
         if device_block_size < 1 or host_block_size < 1 or host_block_size % device_block_size:
             raise ValueError(f"host_block_size ({host_block_size}) must be a positive multiple of "
                              f"device_block_size ({device_block_size})")
@@ -291,6 +293,7 @@ class KVCacheOffloader:
         self._registered = False
         self._allocation, self._buffer, self.host_tensors = self._allocate_mirrors(
             on_accelerator if pin_memory is None else pin_memory)
+        self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
         self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(self.device.type,
                                                                self.device.type.upper() + "_DEVICE")
 
@@ -506,6 +509,8 @@ class KVCacheOffloader:
                     raise RuntimeError("KVCacheOffloader is shut down")
                 if job.job_id in self._pending:
                     raise ValueError(f"job id {job.job_id} is already in flight or not yet reported")
+                if self._checks is not None:
+                    self._checks.admit(job)  # refuses before anything is queued
                 self._pending[job.job_id] = job
                 self._fifo[lane].append(job)
             # Launched outside the table lock: get_finished never waits on a launch.
@@ -597,6 +602,8 @@ class KVCacheOffloader:
         del self._pending[job.job_id]
         kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
         ok = job.error is None
+        if self._checks is not None:
+            self._checks.finish(job, ok)
         return TransferResult(job.job_id, ok, job.num_bytes if ok else 0, seconds, kind, job.error)
 
     def wait(self, job_ids: Iterable[int], *, strict: bool = False) -> None:
@@ -620,6 +627,9 @@ class KVCacheOffloader:
                     job.end_event.synchronize()
                 except Exception as exc:  # noqa: BLE001 - reported by get_finished
                     job.error = job.error or f"{type(exc).__name__}: {exc}"
+        if self._checks is not None:
+            with self._lock:
+                self._checks.observed(jobs)  # the caller has seen them finish
 
     def pending(self) -> list[int]:
         """Job ids submitted and not yet reported by ``get_finished``."""

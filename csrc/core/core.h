@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 #include <c10/util/llvmMathExtras.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -203,6 +204,29 @@ Descriptors build_block_descriptors(const std::vector<PairLayout>& pairs, const 
 // matching destination ids.
 std::vector<int64_t> sort_by_source(const int64_t* sid, const int64_t* did, int64_t n,
                                     const std::vector<PairLayout>& pairs);
+
+// --- checked.cpp: checked mode (docs/checked.md) ----------------------------
+
+// Whether checked mode is on (process-wide; torch_kvswap.checked() and
+// KVSWAP_CHECK set it through kvswap::_set_checked). Off, this load is all
+// that checked mode costs a call.
+extern std::atomic<bool> g_checked_mode;
+inline bool checked_mode() { return g_checked_mode.load(std::memory_order_relaxed); }
+
+// For a pointer-op call that passed plan_pointer_batch: every descriptor lies
+// inside one registered region of the side its direction says, no two
+// destinations overlap, and (where sources and destinations share an address
+// space) no descriptor reads what another writes. `op` names the call in
+// the error.
+void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                         const at::Tensor& sizes, int64_t direction, c10::Device device,
+                         const char* op);
+
+// Block ids on the device, which the kernel path never reads on the host:
+// read back (a synchronization) and checked like host ids; skipped with one
+// warning while the stream of `device` is being captured.
+void check_device_resident_ids(const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids,
+                               const std::vector<PairLayout>& pairs, c10::Device device);
 
 }  // namespace core
 }  // namespace kvswap

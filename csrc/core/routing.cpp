@@ -33,6 +33,9 @@ void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
   const auto device = pointer_op_device();
   const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
+  if (checked_mode()) {  // before anything is submitted (docs/checked.md)
+    check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  }
   submit(plan, static_cast<Direction>(direction), device);  // an empty plan asks no engine
 }
 
@@ -40,7 +43,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::
                                                                       const at::Tensor& dst_ptrs,
                                                                       const at::Tensor& sizes,
                                                                       int64_t direction) {
-  auto [s, d, z] = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, pointer_op_device()).rows();
+  const auto device = pointer_op_device();
+  const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
+  if (checked_mode()) {  // before anything is submitted (docs/checked.md)
+    check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+  }
+  auto [s, d, z] = plan.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
 
@@ -245,10 +253,13 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
   // engine copies them into the kernel's parameters (no transfer, no sync).
   // Ids on the device are not read back (that would synchronize and bake
   // them into a captured graph): the kernel skips any id out of range.
+  // Checked mode reads them back and checks them, outside capture.
   const auto sid = src_block_ids.contiguous();
   const auto did = dst_block_ids.contiguous();
   if (sid.device().is_cpu() && did.device().is_cpu()) {
     check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
+  } else if (checked_mode()) {
+    check_device_resident_ids(sid, did, pairs, device);
   }
   kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches,
                               sid, did);

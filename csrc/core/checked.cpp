@@ -1,0 +1,401 @@
+// Checked mode: the checks that catch silent KV-cache corruption which the
+// ordinary validation cannot see or cannot afford, run only while the mode is
+// on (torch_kvswap.checked(), KVSWAP_CHECK=1; docs/checked.md). Off, the core
+// pays one relaxed atomic load per call (checked_mode() in core.h).
+//
+// The pointer op gets addresses only, so here it learns what they should
+// point into: a table of registered regions (the offloader's caches and
+// mirrors, and whatever torch_kvswap.register_region names), each on one
+// side (host or device). Every descriptor must lie inside one region of the
+// side its direction says; destinations must not overlap each other, and
+// no descriptor may read what another writes (a chain). Both race: the copies
+// of one call run concurrently and in no set order. Block ids that live on
+// the device, which the CUDA kernel path never reads back, are brought to the
+// host and checked like host ids, except while a graph is being captured.
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "core.h"
+
+namespace kvswap {
+namespace core {
+
+std::atomic<bool> g_checked_mode{false};
+
+namespace {
+
+enum class Side : int { kHost = 0, kDevice = 1 };
+
+const char* side_name(Side side) { return side == Side::kHost ? "host" : "device"; }
+
+std::string hex(uint64_t address) {
+  char text[24];
+  std::snprintf(text, sizeof(text), "0x%" PRIx64, address);
+  return text;
+}
+
+struct Region {
+  int64_t id;
+  uint64_t begin;
+  uint64_t end;  // one past the last byte
+  Side side;
+  std::string label;
+  // Weak: a region never keeps its memory alive, and one whose storage was
+  // freed is dropped before the next check (its addresses may be reused).
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+};
+
+// The live regions of one side, sorted by begin, with the running maximum of
+// their ends: an interval [a, b) lies inside one region exactly when, among
+// the regions that begin at or before a, the largest end is >= b.
+struct SideTable {
+  std::vector<uint64_t> begin;
+  std::vector<uint64_t> max_end;
+};
+
+struct Snapshot {
+  std::vector<Region> regions;
+  SideTable sides[2];
+};
+
+class RegionTable {
+ public:
+  static RegionTable& instance() {
+    static RegionTable* table = new RegionTable();  // process lifetime
+    return *table;
+  }
+
+  int64_t add(Region r) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    r.id = next_id_++;
+    auto regions = live_regions();
+    regions.push_back(std::move(r));
+    const int64_t id = regions.back().id;
+    publish(std::move(regions));
+    return id;
+  }
+
+  bool remove(int64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto regions = live_regions();
+    const auto it = std::find_if(regions.begin(), regions.end(),
+                                 [&](const Region& r) { return r.id == id; });
+    if (it == regions.end()) return false;
+    regions.erase(it);
+    publish(std::move(regions));
+    return true;
+  }
+
+  // The current regions, none of whose memory was freed.
+  std::shared_ptr<const Snapshot> snapshot() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& r : snapshot_->regions) {
+      if (r.storage.expired()) {
+        publish(live_regions());
+        break;
+      }
+    }
+    return snapshot_;
+  }
+
+ private:
+  RegionTable() : snapshot_(std::make_shared<Snapshot>()) {}
+
+  std::vector<Region> live_regions() const {
+    std::vector<Region> out;
+    for (const auto& r : snapshot_->regions) {
+      if (!r.storage.expired()) out.push_back(r);
+    }
+    return out;
+  }
+
+  // Checks read a snapshot without the lock; a change publishes a new one.
+  void publish(std::vector<Region> regions) {
+    auto next = std::make_shared<Snapshot>();
+    next->regions = std::move(regions);
+    std::sort(next->regions.begin(), next->regions.end(),
+              [](const Region& a, const Region& b) { return a.begin < b.begin; });
+    for (const auto& r : next->regions) {
+      auto& t = next->sides[static_cast<int>(r.side)];
+      t.begin.push_back(r.begin);
+      t.max_end.push_back(t.max_end.empty() ? r.end : std::max(t.max_end.back(), r.end));
+    }
+    snapshot_ = std::move(next);
+  }
+
+  std::mutex mutex_;
+  int64_t next_id_ = 1;
+  std::shared_ptr<const Snapshot> snapshot_;
+};
+
+// One side of one descriptor: the bytes [begin, end) of descriptor `index`.
+struct Span {
+  uint64_t begin;
+  uint64_t end;
+  int64_t index;
+};
+
+// The spans of one side of a call, in the caller's order, and what the sort
+// needs to know about them, gathered in one pass.
+struct Spans {
+  std::vector<Span> spans;
+  std::vector<Span> scratch;
+  bool sorted = true;
+  uint64_t lowest = UINT64_MAX;
+  uint64_t highest = 0;
+};
+
+// Orders spans by begin. A caller's descriptors are often already in order
+// (then nothing is done); otherwise a radix sort of the begins relative to
+// the lowest, in units of their common power-of-two alignment, when that
+// fits 32 bits (the usual case: blocks of a few caches), else a comparison
+// sort. The checks' cost is mostly this sort.
+void order_by_address(Spans& s) {
+  if (s.sorted) return;
+  auto& v = s.spans;
+  const size_t n = v.size();
+  uint64_t spread = 0;
+  for (const auto& x : v) spread |= x.begin - s.lowest;
+  const int shift = spread == 0 ? 0 : __builtin_ctzll(spread);
+  const uint64_t range = (s.highest - s.lowest) >> shift;
+  if (range > 0xffffffffu) {
+    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    return;
+  }
+  // Least significant digit first, in as few passes of at most 11 bits as
+  // the key's width allows; each pass is stable.
+  const int bits = range == 0 ? 1 : 64 - __builtin_clzll(range);
+  const int passes = (bits + 10) / 11;
+  const int width = (bits + passes - 1) / passes;
+  const uint64_t mask = (uint64_t{1} << width) - 1;
+  uint32_t start[(1 << 11) + 1];
+  s.scratch.resize(n);
+  for (int pass = 0; pass < passes; ++pass) {
+    const int digit = shift + pass * width;
+    std::fill(start, start + (size_t{1} << width) + 1, 0u);
+    for (const auto& x : v) ++start[(((x.begin - s.lowest) >> digit) & mask) + 1];
+    for (size_t b = 1; b <= (size_t{1} << width); ++b) start[b] += start[b - 1];
+    for (const auto& x : v) s.scratch[start[((x.begin - s.lowest) >> digit) & mask]++] = x;
+    v.swap(s.scratch);
+  }
+}
+
+void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
+                                 uint64_t bytes, Side side, const Snapshot& snap) {
+  const Region* nearest = nullptr;
+  uint64_t distance = UINT64_MAX;
+  for (const auto& r : snap.regions) {
+    if (r.side != side) continue;
+    // Bytes of the descriptor that fall outside r.
+    const uint64_t below = a < r.begin ? std::min(bytes, r.begin - a) : 0;
+    const uint64_t above = a + bytes > r.end ? std::min(bytes, a + bytes - r.end) : 0;
+    const uint64_t gap = a >= r.end ? a - r.end : (a + bytes <= r.begin ? r.begin - a - bytes : 0);
+    const uint64_t d = gap + below + above;
+    if (d < distance) {
+      distance = d;
+      nearest = &r;
+    }
+  }
+  std::string where;
+  if (nearest == nullptr) {
+    where = std::string("no ") + side_name(side) + " region is registered";
+  } else {
+    const auto& r = *nearest;
+    std::string how;
+    if (a >= r.end) {
+      how = std::to_string(a - r.end) + " bytes after its end";
+    } else if (a + bytes <= r.begin) {
+      how = std::to_string(r.begin - a - bytes) + " bytes before its start";
+    } else if (a < r.begin) {
+      how = "starting " + std::to_string(r.begin - a) + " bytes before it";
+    } else {
+      how = "running " + std::to_string(a + bytes - r.end) + " bytes past its end";
+    }
+    where = std::string("the nearest ") + side_name(side) + " region is '" + r.label + "' [" +
+            hex(r.begin) + ", " + hex(r.end) + "), " + how;
+  }
+  TORCH_CHECK_VALUE(false, op, " (checked mode): ", name, "[", i, "] = ", hex(a), " (+", bytes,
+                    " bytes) is not inside any registered ", side_name(side), " region; ", where,
+                    ". Register the buffer with torch_kvswap.register_region(tensor), or fix "
+                    "the address (an id off by one, or the wrong buffer?)");
+}
+
+// Every span (sorted by begin) lies inside one region of `side`: one walk
+// over both sorted lists.
+void check_inside_regions(const char* op, const char* name, const std::vector<Span>& sorted,
+                          Side side, const Snapshot& snap) {
+  const auto& t = snap.sides[static_cast<int>(side)];
+  const size_t count = t.begin.size();
+  size_t p = 0;  // regions [0, p) begin at or before the current span
+  for (const auto& x : sorted) {
+    while (p < count && t.begin[p] <= x.begin) ++p;
+    if (p == 0 || t.max_end[p - 1] < x.end) {
+      refuse_outside(op, name, x.index, x.begin, x.end - x.begin, side, snap);
+    }
+  }
+}
+
+}  // namespace
+
+void set_checked_mode(bool on) { g_checked_mode.store(on, std::memory_order_relaxed); }
+
+void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                         const at::Tensor& sizes, int64_t direction_code, c10::Device device,
+                         const char* op) {
+  // The tensors passed plan_pointer_batch's checks: int64, 1-D, CPU, equal
+  // lengths, sizes >= 0, no range that wraps.
+  const auto src_c = src_ptrs.contiguous();
+  const auto dst_c = dst_ptrs.contiguous();
+  const auto size_c = sizes.contiguous();
+  const int64_t* src = src_c.const_data_ptr<int64_t>();
+  const int64_t* dst = dst_c.const_data_ptr<int64_t>();
+  const int64_t* size = size_c.const_data_ptr<int64_t>();
+  const int64_t n = src_c.numel();
+  const auto direction = static_cast<Direction>(direction_code);
+  // Per thread, so that a call allocates nothing once the vectors have grown.
+  thread_local Spans tls_src, tls_dst;
+  Spans& by_src = tls_src;
+  Spans& by_dst = tls_dst;
+  by_src.spans.resize(static_cast<size_t>(n));
+  by_dst.spans.resize(static_cast<size_t>(n));
+  Span* ss = by_src.spans.data();
+  Span* ds = by_dst.spans.data();
+  bool src_sorted = true, dst_sorted = true;
+  uint64_t src_lo = UINT64_MAX, src_hi = 0, dst_lo = UINT64_MAX, dst_hi = 0;
+  size_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (size[i] == 0) continue;  // zero-byte descriptors copy nothing
+    const uint64_t s = static_cast<uint64_t>(src[i]), d = static_cast<uint64_t>(dst[i]);
+    const uint64_t z = static_cast<uint64_t>(size[i]);
+    src_sorted &= m == 0 || ss[m - 1].begin <= s;
+    dst_sorted &= m == 0 || ds[m - 1].begin <= d;
+    src_lo = std::min(src_lo, s);
+    src_hi = std::max(src_hi, s);
+    dst_lo = std::min(dst_lo, d);
+    dst_hi = std::max(dst_hi, d);
+    ss[m] = Span{s, s + z, i};
+    ds[m] = Span{d, d + z, i};
+    ++m;
+  }
+  by_src.spans.resize(m);
+  by_dst.spans.resize(m);
+  by_src.sorted = src_sorted;
+  by_dst.sorted = dst_sorted;
+  by_src.lowest = src_lo;
+  by_src.highest = src_hi;
+  by_dst.lowest = dst_lo;
+  by_dst.highest = dst_hi;
+  order_by_address(by_src);
+  order_by_address(by_dst);
+  const auto& srcs = by_src.spans;
+  const auto& dsts = by_dst.spans;
+
+  const auto snap = RegionTable::instance().snapshot();
+  const Side src_side = direction == Direction::kHostToDevice ? Side::kHost : Side::kDevice;
+  const Side dst_side = direction == Direction::kDeviceToHost ? Side::kHost : Side::kDevice;
+  check_inside_regions(op, "src_ptrs", srcs, src_side, *snap);
+  check_inside_regions(op, "dst_ptrs", dsts, dst_side, *snap);
+
+  // Sorted by begin, two destinations overlap only if two neighbours do.
+  for (size_t k = 1; k < dsts.size(); ++k) {
+    if (dsts[k - 1].end > dsts[k].begin) {
+      const int64_t a = dsts[k - 1].index, b = dsts[k].index;
+      TORCH_CHECK_VALUE(false, op, " (checked mode): the destinations of descriptors ",
+                        std::min(a, b), " and ", std::max(a, b), " overlap: dst_ptrs[", a, "] = ",
+                        hex(dst[a]), " (+", size[a], " bytes) and dst_ptrs[", b, "] = ",
+                        hex(dst[b]), " (+", size[b], " bytes). The copies of one call run "
+                        "concurrently and in no set order, so the bytes they share end up "
+                        "from either; write each destination byte once per call");
+    }
+  }
+
+  // Chains: a source that another descriptor writes. Only where sources and
+  // destinations share an address space: on the host engine, and within
+  // one device.
+  if (!(device.is_cpu() || direction == Direction::kDeviceToDevice)) return;
+  size_t p = 0;  // destinations before p end at or before the current source
+  for (const auto& x : srcs) {
+    while (p < dsts.size() && dsts[p].end <= x.begin) ++p;
+    if (p < dsts.size() && dsts[p].begin < x.end) {
+      const int64_t i = x.index;
+      const int64_t w = dsts[p].index;  // never i: a descriptor's own overlap is refused earlier
+      TORCH_CHECK_VALUE(false, op, " (checked mode): descriptor ", i, " reads src_ptrs[", i,
+                        "] = ", hex(x.begin), " (+", size[i], " bytes), which descriptor ", w,
+                        " writes (dst_ptrs[", w, "] = ", hex(dst[w]), ", +", size[w],
+                        " bytes): a chain. The copies of one call run concurrently and in no "
+                        "set order, so descriptor ", i, " may read the bytes before or after "
+                        "they are written; split the call in two");
+    }
+  }
+}
+
+void check_device_resident_ids(const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids,
+                               const std::vector<PairLayout>& pairs, c10::Device device) {
+  if (stream_capturing(device)) {
+    TORCH_WARN_ONCE("swap_blocks (checked mode): block ids on the device are not checked while "
+                    "the stream of ", device, " is being captured: reading them back would "
+                    "synchronize, which a capture forbids. Run the same calls once uncaptured "
+                    "in checked mode to check them");
+    return;
+  }
+  // Checked mode allows the synchronizing read-back that the kernel path
+  // otherwise avoids.
+  const auto sid = src_block_ids.to(at::kCPU).contiguous();
+  const auto did = dst_block_ids.to(at::kCPU).contiguous();
+  check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
+}
+
+namespace {
+
+int64_t register_region(const at::Tensor& region, c10::string_view side, c10::string_view label) {
+  Side s;
+  if (side == "host") {
+    s = Side::kHost;
+  } else if (side == "device") {
+    s = Side::kDevice;
+  } else {
+    TORCH_CHECK_VALUE(false, "side must be 'host' or 'device', got '", side, "'");
+  }
+  TORCH_CHECK_VALUE(region.numel() > 0, "region '", label, "' is empty; a region needs bytes");
+  TORCH_CHECK_VALUE(region.has_storage() && region.storage().data() != nullptr, "region '",
+                    label, "' has no memory of its own (", region.device(), ")");
+  // The bytes the tensor's elements span (strides are never negative).
+  int64_t last = 0;
+  for (const auto d : c10::irange(region.dim())) last += (region.size(d) - 1) * region.stride(d);
+  const uint64_t begin = reinterpret_cast<uint64_t>(region.const_data_ptr());
+  const uint64_t bytes = static_cast<uint64_t>((last + 1) * region.element_size());
+  return RegionTable::instance().add(Region{0, begin, begin + bytes, s, std::string(label),
+                                            region.storage().getWeakStorageImpl()});
+}
+
+bool unregister_region(int64_t id) { return RegionTable::instance().remove(id); }
+
+std::vector<std::string> region_labels() {
+  std::vector<std::string> out;
+  for (const auto& r : RegionTable::instance().snapshot()->regions) {
+    out.push_back(std::string(side_name(r.side)) + ":" + r.label);
+  }
+  return out;
+}
+
+bool get_checked_mode() { return checked_mode(); }
+
+}  // namespace
+
+}  // namespace core
+}  // namespace kvswap
+
+TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
+  m.impl("_register_region", &kvswap::core::register_region);
+  m.impl("_unregister_region", &kvswap::core::unregister_region);
+  m.impl("_region_labels", &kvswap::core::region_labels);
+  m.impl("_set_checked", &kvswap::core::set_checked_mode);
+  m.impl("_get_checked", &kvswap::core::get_checked_mode);
+}

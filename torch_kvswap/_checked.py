@@ -1,0 +1,284 @@
+"""Checked mode: turns silent KV-cache corruption into errors that name the bug.
+
+Off by default. On with ``KVSWAP_CHECK=1`` in the environment (read at
+import), :func:`set_checked`, or ``with torch_kvswap.checked():``. In it:
+
+* the pointer op refuses descriptors outside every registered region of the
+  side its direction says, overlapping destinations, and chains (one
+  descriptor reading what another writes); the checks run in the C++ core
+  (``csrc/core/checked.cpp``), before any copy is submitted;
+* block ids on the device are read back and checked on the CUDA kernel path
+  too (not during graph capture, where one warning says they were not);
+* a :class:`~torch_kvswap.KVCacheOffloader` built while the mode is on (or
+  with ``check=True``) tracks each host block's state and refuses jobs that
+  break its contract (:class:`OffloaderChecks`).
+
+The mode is **process-wide**, not per thread: copies are issued on threads
+the caller does not own (the offloader's lane workers, a serving engine's
+worker threads), and a thread-local switch would silently leave those
+unchecked. ``checked()`` blocks nest and may be entered from several
+threads; the mode is on while any of them is open (or the environment or
+:func:`set_checked` turned it on). The switch is an eager call: enter it
+around compiled code, not inside it. The checks run in the ops' eager
+kernels, which a compiled graph calls, so ``torch.compile(fullgraph=True)``
+traces the same graph either way.
+
+What each check catches, and its cost: docs/checked.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["checked", "set_checked", "is_checked", "register_region", "Region",
+           "OffloaderChecks"]
+
+_lock = threading.Lock()
+_open_blocks = 0  # checked() blocks currently open, in any thread
+_switched_on = os.environ.get("KVSWAP_CHECK", "").strip() not in ("", "0")
+
+
+def _apply() -> None:
+    torch.ops.kvswap._set_checked(_switched_on or _open_blocks > 0)
+
+
+def set_checked(on: bool) -> None:
+    """Turn checked mode on or off for the whole process, as ``KVSWAP_CHECK``
+    does at import (open ``checked()`` blocks keep it on until they close).
+    For integrations that read a configuration flag."""
+    global _switched_on
+    with _lock:
+        _switched_on = bool(on)
+        _apply()
+
+
+def is_checked() -> bool:
+    """Whether checked mode is on now."""
+    return bool(torch.ops.kvswap._get_checked())
+
+
+@contextlib.contextmanager
+def checked() -> Iterator[None]:
+    """Checked mode for the duration of the block, process-wide (see the module doc)."""
+    global _open_blocks
+    with _lock:
+        _open_blocks += 1
+        _apply()
+    try:
+        yield
+    finally:
+        with _lock:
+            _open_blocks -= 1
+            _apply()
+
+
+class Region:
+    """A registered region; :meth:`unregister` (or leaving a ``with`` block) drops it."""
+
+    def __init__(self, region_id: int, label: str, side: str) -> None:
+        self.id, self.label, self.side = region_id, label, side
+
+    def unregister(self) -> bool:
+        """Drop the region; False when it was gone already (unregistered, or its memory freed)."""
+        return bool(torch.ops.kvswap._unregister_region(self.id))
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unregister()
+
+    def __repr__(self) -> str:
+        return f"Region({self.id}, {self.side}, {self.label!r})"
+
+
+def register_region(tensor: torch.Tensor, *, side: str | None = None,
+                    label: str | None = None) -> Region:
+    """Tell checked mode that the pointer op may copy from and to the memory of ``tensor``.
+
+    Args:
+        tensor: the buffer (any device, any layout); its region is every byte
+            from its first element to its last.
+        side: ``"host"`` (the host end of host<->device copies) or
+            ``"device"``; by default ``"host"`` for a CPU tensor, else
+            ``"device"``. Pass ``"device"`` for a CPU tensor that stands in
+            for device memory (a cache on a machine with no accelerator).
+        label: the name errors give the region; default: its shape and dtype.
+
+    The region is held weakly: it does not keep the memory alive, and it is
+    dropped once the memory is freed. ``KVCacheOffloader`` registers its
+    caches and mirrors itself.
+    """
+    if side is None:
+        side = "host" if tensor.device.type == "cpu" else "device"
+    if label is None:
+        label = f"{side} tensor {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"
+    return Region(int(torch.ops.kvswap._register_region(tensor, side, label)), label, side)
+
+
+def _unregister_all(ids: list[int]) -> None:
+    for i in ids:
+        torch.ops.kvswap._unregister_region(i)
+
+
+# --- the offloader's contract -------------------------------------------------
+
+_EMPTY = -1  # no pending job
+
+
+class OffloaderChecks:
+    """The contract of one :class:`~torch_kvswap.KVCacheOffloader`, tracked per host sub-block.
+
+    Each host sub-block of each KV-cache group is *empty*, *being stored*
+    (a store job writes it and the caller has not seen it finish), *stored*,
+    or *being loaded* (stored, and pending loads read it). The caller sees a
+    job finish when ``get_finished`` reports it or ``wait`` returns for it.
+    Refused at submission, before anything is queued:
+
+    * a load of a sub-block that is empty, or whose store the caller has not
+      seen finish (vLLM #47282: loads racing stores);
+    * a store into a sub-block that a pending load still reads;
+    * a store of device blocks that a pending load is still writing.
+
+    Groups that share a cache tensor share memory, so a job conflicts with a
+    pending job of any group that shares a tensor with its own. All methods
+    are called under the offloader's table lock.
+    """
+
+    def __init__(self, offloader: Any) -> None:
+        self.factor = offloader.factor
+        groups = offloader.groups
+        self._group_of = {id(members): g for g, members in enumerate(groups)}
+        self._related = [[h for h, other in enumerate(groups) if set(members) & set(other)]
+                         for members in groups]
+        rows = offloader.num_host_blocks * self.factor
+        ng = len(groups)
+        self._stored = np.zeros((ng, rows), dtype=bool)
+        self._storing = np.full((ng, rows), _EMPTY, dtype=np.int64)  # latest pending store
+        self._reading = np.zeros((ng, rows), dtype=np.int32)  # pending loads reading
+        self._writing = np.zeros((ng, offloader.num_device_blocks), dtype=np.int32)
+        # pending job id -> [(group, host rows, device ids)] and whether it is a store
+        self._jobs: dict[int, tuple[bool, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
+
+    def _where(self, row: int, g: int) -> str:
+        return f"host block {row // self.factor} (sub-block {row % self.factor}, group {g})"
+
+    def _pending_load(self, related: list[int], rows: np.ndarray, device: bool) -> int:
+        """A pending load that reads one of ``rows`` (device=False) or writes one of them."""
+        for job_id, (is_store, parts) in self._jobs.items():
+            if is_store:
+                continue
+            for g, host, dev in parts:
+                if g in related and np.intersect1d(dev if device else host, rows).size:
+                    return job_id
+        raise AssertionError("the tracker's counts and its jobs disagree")
+
+    def admit(self, job: Any) -> None:
+        """Checks a job about to be queued and records it; raises ValueError naming the jobs."""
+        is_store = job.is_store
+        parts = []
+        for c in job.copies:
+            g = self._group_of[id(c.tensors)]
+            host, dev = (c.dst_ids, c.src_ids) if is_store else (c.src_ids, c.dst_ids)
+            parts.append((g, host.numpy(), dev.numpy()))
+        for g, host, dev in parts:
+            related = self._related[g]
+            if is_store:
+                for h in related:
+                    hit = np.flatnonzero(self._reading[h, host] > 0)
+                    if hit.size:
+                        row = int(host[hit[0]])
+                        other = self._pending_load([h], host[hit[:1]], device=False)
+                        raise ValueError(
+                            f"checked mode: store job {job.job_id} writes {self._where(row, g)}, "
+                            f"which load job {other} still reads (not yet reported finished by "
+                            "get_finished() nor waited for); the load would copy a mix of old and new data. "
+                            f"Store after job {other} is reported")
+                    hit = np.flatnonzero(self._writing[h, dev] > 0)
+                    if hit.size:
+                        block = int(dev[hit[0]])
+                        other = self._pending_load([h], dev[hit[:1]], device=True)
+                        raise ValueError(
+                            f"checked mode: store job {job.job_id} reads device block {block} "
+                            f"(group {g}), which load job {other} is still writing (not yet "
+                            "reported finished by get_finished() nor waited for); the store would save a "
+                            f"half-loaded block. Store after job {other} is reported")
+            else:
+                for h in related:
+                    hit = np.flatnonzero(self._storing[h, host] != _EMPTY)
+                    if hit.size:
+                        row = int(host[hit[0]])
+                        raise ValueError(
+                            f"checked mode: load job {job.job_id} reads {self._where(row, g)}, "
+                            f"whose store job {int(self._storing[h, row])} has not been reported "
+                            "finished by get_finished() nor waited for; jobs of different lanes are not "
+                            "ordered, so the load may copy the block before the store has "
+                            f"written it. Load after job {int(self._storing[h, row])} is "
+                            "reported")
+                hit = np.flatnonzero(~self._stored[g, host])
+                if hit.size:
+                    row = int(host[hit[0]])
+                    raise ValueError(
+                        f"checked mode: load job {job.job_id} reads {self._where(row, g)}, which "
+                        "holds nothing: no store into it was seen to finish, so the load "
+                        "would fill the device blocks with whatever the mirror held (an id "
+                        "off by one, or a block never stored?)")
+        for g, host, dev in parts:
+            if is_store:
+                self._storing[g, host] = job.job_id
+                self._stored[g, host] = False  # in flux until reported
+            else:
+                np.add.at(self._reading[g], host, 1)
+                self._writing[g, dev] += 1  # a job's destinations are distinct
+        self._jobs[job.job_id] = (is_store, parts)
+
+    def observed(self, jobs: list[Any]) -> None:
+        """Records that ``wait`` returned for ``jobs``: the caller has seen them finish."""
+        for job in jobs:
+            self.finish(job, job.error is None)
+
+    def finish(self, job: Any, ok: bool) -> None:
+        """Records that the caller saw ``job`` finish: ``get_finished`` reported it, or
+        ``wait`` returned for it (a store that failed leaves its sub-blocks empty). Once
+        per job; later calls do nothing."""
+        entry = self._jobs.pop(job.job_id, None)
+        if entry is None:
+            return
+        is_store, parts = entry
+        for g, host, dev in parts:
+            if is_store:
+                mine = host[self._storing[g, host] == job.job_id]  # not overwritten by a later store
+                self._storing[g, mine] = _EMPTY
+                self._stored[g, mine] = ok
+            else:
+                np.subtract.at(self._reading[g], host, 1)
+                self._writing[g, dev] -= 1
+
+
+def attach(offloader: Any, check: bool | None) -> OffloaderChecks | None:
+    """Registers an offloader's caches (device side) and mirrors (host side) as
+    regions, dropped when the offloader is collected (the mirrors' also when
+    their memory is freed); returns its contract tracker when ``check`` is
+    True, or None and checked mode is on now; else None."""
+    ids = []
+    for i, t in enumerate(offloader.device_tensors):
+        if t.numel():
+            ids.append(int(torch.ops.kvswap._register_region(t, "device", f"device cache {i}")))
+    for i, t in enumerate(offloader.host_tensors):
+        if t.numel():
+            ids.append(int(torch.ops.kvswap._register_region(t, "host", f"host mirror {i}")))
+    weakref.finalize(offloader, _unregister_all, ids).atexit = False  # nothing to drop at exit
+    if check is None:
+        check = is_checked()
+    return OffloaderChecks(offloader) if check else None
+
+
+_apply()
