@@ -455,3 +455,27 @@ def test_device_resident_ids_are_not_read_back_under_capture_and_one_warning_say
     assert out.stdout.split() == ["cudaSuccess", "cudaSuccess"], out.stdout + out.stderr
     assert out.stderr.count("block ids on the device are not checked while the stream of cuda:0 "
                             "is being captured") == 1, out.stderr
+
+
+# ---------------------------------------------------------------- the vLLM plug-ins' switch
+
+
+@pytest.mark.parametrize("extra, on", [({"kvswap_check": True}, True), ({"kvswap_check": False}, False),
+                                       ({}, False), (None, False)])
+def test_vllm_extra_config_key_turns_checked_mode_on(extra, on):
+    from torch_kvswap.integrations.vllm.compat import apply_check_option
+
+    assert not torch_kvswap.is_checked()
+    try:
+        assert apply_check_option(extra) is on
+        assert torch_kvswap.is_checked() is on
+    finally:
+        torch_kvswap.set_checked(False)
+
+
+def test_vllm_extra_config_check_key_must_be_a_boolean():
+    from torch_kvswap.integrations.vllm.compat import apply_check_option
+
+    with pytest.raises(ValueError, match=r"kv_connector_extra_config\['kvswap_check'\] must be true or false, got 'yes'"):
+        apply_check_option({"kvswap_check": "yes"})
+    assert not torch_kvswap.is_checked()

@@ -38,6 +38,7 @@ except Exception as exc:  # noqa: BLE001
     pytest.skip(f"vLLM 0.33 is not importable here ({type(exc).__name__}: {exc}); "
                 "run bash scripts/test_vllm.sh", allow_module_level=True)
 
+import torch_kvswap
 from torch_kvswap.integrations import vllm as kvswap_vllm
 
 MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
@@ -419,6 +420,25 @@ def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
         KVCacheGroupSpec(LAYERS, attention_spec(False))])
     with set_current_vllm_config(config), pytest.raises(ValueError, match=message):
         OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+
+
+def test_kvswap_check_key_is_accepted_and_turns_checked_mode_on():
+    config = VllmConfig(
+        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
+        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                            kv_connector_extra_config={
+                                                "spec_name": "KVSwapOffloadingSpec",
+                                                "spec_module_path": "torch_kvswap.integrations.vllm",
+                                                "cpu_bytes_to_use": 1 << 20, "kvswap_check": True}))
+    kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    try:
+        with set_current_vllm_config(config):
+            OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        assert torch_kvswap.is_checked()
+    finally:
+        torch_kvswap.set_checked(False)
 
 
 def test_kv_offloading_size_sizes_the_host_mirrors():

@@ -133,4 +133,12 @@ MUTANTS = [
         tests=[_I + "test_offloaders_on_one_shared_region_see_each_others_bytes"],
         why="mirrors carved from the shared region must not overlap",
     ),
+    dict(
+        name="vllm-check-key-ignored",
+        file="torch_kvswap/integrations/vllm/compat.py",
+        find="    if value:\n        import torch_kvswap\n",
+        replace="    if False:\n        import torch_kvswap\n",
+        tests=["tests/test_checked.py::test_vllm_extra_config_key_turns_checked_mode_on"],
+        why="a canary deployment with kvswap_check runs unchecked and still serves corrupted blocks",
+    ),
 ]

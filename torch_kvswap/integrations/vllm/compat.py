@@ -19,7 +19,29 @@ from typing import Any
 
 logger = logging.getLogger("torch_kvswap")
 
-__all__ = ["SUPPORTED_VLLM", "check_vllm"]
+__all__ = ["SUPPORTED_VLLM", "check_vllm", "apply_check_option", "CHECK_KEY"]
+
+#: ``kv_connector_extra_config`` key that turns checked mode
+#: (docs/checked.md) on in every process that builds the plug-in.
+CHECK_KEY = "kvswap_check"
+
+
+def apply_check_option(extra: Any) -> bool:
+    """Turns checked mode on, process-wide, when ``extra`` (a connector's
+    ``kv_connector_extra_config``) sets ``kvswap_check`` to true; returns
+    whether it did. A serving deployment runs a canary with it: every job
+    that breaks the offloader's contract then fails with the names of both
+    jobs instead of serving wrong tokens."""
+    value = (extra or {}).get(CHECK_KEY, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"kv_connector_extra_config[{CHECK_KEY!r}] must be true or false, got {value!r}")
+    if value:
+        import torch_kvswap
+
+        torch_kvswap.set_checked(True)
+        logger.warning("torch_kvswap: checked mode is on (%s): every copy is validated, at a cost "
+                       "(docs/checked.md)", CHECK_KEY)
+    return value
 
 _STORE = ["job_id", "src_spec", "dst_spec"]
 #: ``OffloadingWorker.submit_load`` parameters of each supported release (``major.minor``).

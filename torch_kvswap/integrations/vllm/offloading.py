@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .compat import check_vllm
+from .compat import CHECK_KEY, apply_check_option, check_vllm
 
 __all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG"]
 
@@ -39,7 +39,7 @@ SUPPORTED_EXTRA_CONFIG = frozenset({
     "spec_name", "spec_module_path", "cpu_bytes_to_use", "block_size", "blocks_per_chunk",
     "eviction_policy", "cache_policy_module_path", "store_threshold", "max_tracker_size",
     "offload_prompt_only", "backpressure", "enable_telemetry", "self_describing_kv_events",
-    "sync_load_budget_bytes", "tier_poll_interval_s",
+    "sync_load_budget_bytes", "tier_poll_interval_s", CHECK_KEY,
 })
 
 
@@ -241,7 +241,8 @@ def build() -> dict[str, type]:
         ``blocks_per_chunk`` or ``block_size``; ``eviction_policy``, ...; see
         :data:`SUPPORTED_EXTRA_CONFIG`) plus ``spec_name`` /
         ``spec_module_path``. Any other key, and ``canonical_layout``, is
-        refused here, when the spec is built.
+        refused here, when the spec is built. ``"kvswap_check": true`` turns
+        checked mode on (docs/checked.md).
 
         Host memory: where vLLM's own spec uses its replicated layout (MLA
         under tensor parallelism on CUDA: every rank's KV is the same), the
@@ -259,6 +260,7 @@ def build() -> dict[str, type]:
             if unknown:
                 raise ValueError(f"KVSwapOffloadingSpec does not support kv_connector_extra_config "
                                  f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}")
+            apply_check_option(extra)
             super().__init__(config)
 
         def get_worker(self, kv_caches: Any) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .compat import check_vllm
+from .compat import apply_check_option, check_vllm
 from .copy_backend import KVSwapCopyBackend
 
 logger = logging.getLogger("torch_kvswap")
@@ -186,11 +186,14 @@ def build() -> dict[str, type]:
 
         ``kv_connector_extra_config``: vLLM's (``cpu_bytes_to_use``,
         ``cpu_bytes_to_use_per_rank``, ``lazy_offload``, 0.33's
-        ``num_cpu_blocks``); ``kv_offload_backend`` must stay ``"cpu"``.
+        ``num_cpu_blocks``); ``kv_offload_backend`` must stay ``"cpu"``;
+        ``"kvswap_check": true`` turns checked mode on (docs/checked.md).
         Needs prefix caching, as vLLM's.
         """
 
         def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+            transfer = getattr(vllm_config, "kv_transfer_config", None)
+            apply_check_option(getattr(transfer, "kv_connector_extra_config", None))
             super().__init__(vllm_config, role, kv_cache_config)
             worker = self.worker_handler
             if worker is not None:
