@@ -407,7 +407,8 @@ def test_a_failed_load_names_its_blocks_and_chunks():
     ({"secondary_tiers": []}, r"does not support kv_connector_extra_config keys \['secondary_tiers'\]"),
     ({"cpu_bytes_to_use_typo": 1}, r"keys \['cpu_bytes_to_use_typo'\]"),
 ])
-def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
+def build_scheduler_connector(extra: dict) -> None:
+    """vLLM's OffloadingConnector, scheduler role, with the plug-in's spec and `extra` keys."""
     config = VllmConfig(
         model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
         cache_config=CacheConfig(block_size=BLOCK_TOKENS),
@@ -418,24 +419,18 @@ def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
                                                 "cpu_bytes_to_use": 1 << 20, **extra}))
     kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(LAYERS, attention_spec(False))])
-    with set_current_vllm_config(config), pytest.raises(ValueError, match=message):
+    with set_current_vllm_config(config):
         OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
 
 
+def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
+    with pytest.raises(ValueError, match=message):
+        build_scheduler_connector(extra)
+
+
 def test_kvswap_check_key_is_accepted_and_turns_checked_mode_on():
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
-        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                            kv_connector_extra_config={
-                                                "spec_name": "KVSwapOffloadingSpec",
-                                                "spec_module_path": "torch_kvswap.integrations.vllm",
-                                                "cpu_bytes_to_use": 1 << 20, "kvswap_check": True}))
-    kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(LAYERS, attention_spec(False))])
     try:
-        with set_current_vllm_config(config):
-            OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        build_scheduler_connector({"kvswap_check": True})
         assert torch_kvswap.is_checked()
     finally:
         torch_kvswap.set_checked(False)
