@@ -375,3 +375,17 @@ def test_opcheck():
     results = torch.library.opcheck(OP, args)
     assert set(results.values()) == {"SUCCESS"}, results
     assert torch.equal(dst[512:768], src[:256])
+
+
+@pytest.mark.skipif(torch.accelerator.current_accelerator() is None or torch.accelerator.device_count() > 0,
+                    reason="needs a torch build with an accelerator backend (e.g. a CUDA build) on a "
+                           "machine without its device; scripts/test_torch_matrix.sh runs CUDA builds here")
+def test_an_accelerator_build_without_a_device_copies_on_the_host():
+    # A CUDA build of torch names CUDA its accelerator with no GPU present;
+    # the pointer op must not hand the copy to an engine for a device that
+    # does not exist.
+    src = torch.arange(64, dtype=torch.uint8)
+    dst = torch.zeros(64, dtype=torch.uint8)
+    torch_kvswap.swap_blocks_batch(torch.tensor([src.data_ptr() + 8]), torch.tensor([dst.data_ptr()]),
+                                   torch.tensor([16]), Direction.DEVICE_TO_HOST)
+    assert torch.equal(dst[:16], src[8:24]) and not dst[16:].any()

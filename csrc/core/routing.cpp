@@ -18,15 +18,19 @@ namespace core {
 namespace {
 
 // The device the pointer op's copies are issued on: the current accelerator,
-// or the host when there is none.
+// or the host when there is none. A CUDA build of torch names CUDA its
+// accelerator on a machine without a GPU too (vLLM's CUDA wheels run their
+// CPU paths so); with no device there, the copies are the host's.
 c10::Device pointer_op_device() {
   const auto accelerator = at::getAccelerator(/*checked=*/false);
   if (!accelerator.has_value()) {
     return c10::Device(c10::DeviceType::CPU);
   }
-  // The accelerator's current device (at::accelerator::getDeviceIndex()
-  // does the same, but torch 2.6 lacks it).
-  return c10::impl::getDeviceGuardImpl(*accelerator)->getDevice();
+  const auto* guard = c10::impl::getDeviceGuardImpl(*accelerator);
+  if (guard->deviceCount() == 0) {  // noexcept: 0 when there is no driver either
+    return c10::Device(c10::DeviceType::CPU);
+  }
+  return guard->getDevice();
 }
 
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
