@@ -286,11 +286,14 @@ class CudagraphWatch:
                 watch.reasons.append(record.getMessage())
         self.handler = Handler(logging.DEBUG)
         self.logger = logging.getLogger(self.LOGGER)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)  # the artifact is off by default
         self.logger.addHandler(self.handler)
         return self
 
     def __exit__(self, *exc):
         self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
         return False
 
     def report(self, device_index=0):
@@ -305,8 +308,10 @@ class CudagraphWatch:
             self.reasons.append(f"cannot inspect cudagraph trees: {type(exc).__name__}: {exc}")
         if recorded is None:
             recorded = skips == 0 and not self.reasons
-        why = "; ".join(dict.fromkeys(self.reasons)) or (None if recorded else f"{skips} cudagraph skip(s), "
-                                                          "no reason logged")
+        # Inductor logs a skip's reason only when the graph has a CUDA device; without
+        # one it counts the skip and says nothing.
+        why = "; ".join(dict.fromkeys(self.reasons)) or (
+            None if recorded else f"{skips} cudagraph skip(s), no reason logged (no CUDA device in the graph)")
         return {"graph_recorded": recorded, "cudagraph_skips": skips, "why_not": None if recorded else why}
 
 

@@ -1079,3 +1079,153 @@ def test_fake_rule_batch_call_arguments(fake, case, answer):
         assert cap.error == ("cudaSuccess" if case == "capturing" else "cudaErrorStreamCaptureInvalidated")
         return
     assert F.batch_copy(table, 0 if case == "legacy" else stream, **kwargs) == answer
+
+
+BOGUS = 0x12345  # a stream handle the runtime never gave out
+
+
+def test_fake_rule_unknown_handles_are_invalid(fake):
+    table = torch.tensor([[0], [0], [64]])
+    assert F.synchronize(BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.begin_capture(BOGUS, GLOBAL) == "cudaErrorInvalidResourceHandle"
+    assert F.end_capture(BOGUS)[0] == "cudaErrorInvalidResourceHandle"
+    assert F.launch_graph(0, BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.memcpy_on(0, 0, 64, 1, BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.batch_copy(table, BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.stream_capture_status(BOGUS)[0] == "cudaErrorInvalidResourceHandle"
+    assert F.launch_empty(BOGUS, 1, 1, 1) == "cudaErrorInvalidResourceHandle"
+    assert F.event_record(0, F.create_stream(0, False)) == "cudaErrorInvalidResourceHandle"
+    assert F.event_query(0) == "cudaErrorInvalidResourceHandle"
+    F.set_stream(0, BOGUS)  # torch's current stream, as the engine sees it
+    with pytest.raises(RuntimeError, match="cudaErrorInvalidResourceHandle"):
+        torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))
+    assert F.last_error(False) == "cudaSuccess"  # the engine cleared it
+
+
+def test_fake_rule_capture_begin_and_end(fake):
+    """cuda_runtime_api.h:2439-2440 (the legacy stream cannot capture), one capture per
+    stream, and cudaStreamEndCapture: not capturing, or another thread in a strict mode
+    (driver_types.h:1062-1065)."""
+    assert F.begin_capture(0, GLOBAL) == "cudaErrorStreamCaptureUnsupported"
+    stream = F.create_stream(0, False)
+    assert F.end_capture(stream)[0] == "cudaErrorIllegalState"
+    assert F.begin_capture(stream, GLOBAL) == "cudaSuccess"
+    assert F.begin_capture(stream, GLOBAL) == "cudaErrorIllegalState"
+    assert F.stream_capture_status(stream) == ("cudaSuccess", 1)  # active
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(end=F.end_capture(stream)[0]))
+    thread.start()
+    thread.join()
+    assert result["end"] == "cudaErrorStreamCaptureWrongThread"
+    err, graph = F.end_capture(stream)
+    assert err == "cudaSuccess" and graph != 0
+    relaxed = F.create_stream(0, False)  # relaxed mode: any thread may end it
+    assert F.begin_capture(relaxed, RELAXED) == "cudaSuccess"
+    thread = threading.Thread(target=lambda: result.update(end=F.end_capture(relaxed)[0]))
+    thread.start()
+    thread.join()
+    assert result["end"] == "cudaSuccess"
+
+
+def test_fake_rule_events(fake):
+    """cudaEventQuery: not ready until the stream ran past the record (stalled), an event
+    recorded in a capture is cudaErrorCapturedEvent in every mode (cuda_runtime_api.h:
+    2546-2548), an event never recorded has completed."""
+    stream = F.create_stream(0, False)
+    err, event = F.event_create()
+    assert err == "cudaSuccess"
+    assert F.event_query(event) == "cudaSuccess"  # never recorded
+    F.set_fault("stalled", 1)
+    assert F.event_record(event, stream) == "cudaSuccess"
+    assert F.event_query(event) == "cudaErrorNotReady"
+    F.set_fault("stalled", 0)
+    assert F.event_query(event) == "cudaSuccess"
+    with captured(stream) as cap:
+        assert F.event_record(event, stream) == "cudaSuccess"
+    assert cap.error == "cudaSuccess"
+    old = F.exchange_capture_mode(RELAXED)
+    assert F.event_query(event) == "cudaErrorCapturedEvent"
+    F.exchange_capture_mode(old)
+    with captured(stream) as cap:
+        assert F.event_query(F.event_create()[1]) == "cudaErrorStreamCaptureUnsupported"  # unsafe, global
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+
+
+def test_fake_rule_device_attributes(fake):
+    assert F.device_attribute(75, 0) == ("cudaSuccess", 9)   # cudaDevAttrComputeCapabilityMajor
+    assert F.device_attribute(76, 1) == ("cudaSuccess", 0)   # ... minor
+    assert F.device_attribute(75, 2)[0] == "cudaErrorInvalidDevice"  # two devices
+    assert F.device_attribute(1, 0)[0] == "cudaErrorInvalidValue"    # not modelled: refused
+    assert F.last_error(False) == "cudaErrorInvalidValue"
+
+
+def test_fake_rule_launch_configuration(fake):
+    """A launch needs a grid of at least one block in x and y, y within 65,535, one y per pair."""
+    stream = F.create_stream(0, False)
+    assert F.launch_empty(stream, 1, 1, 1) == "cudaSuccess"
+    assert F.launch_empty(stream, 0, 1, 1) == "cudaErrorInvalidConfiguration"
+    assert F.launch_empty(stream, 1, 0, 0) == "cudaErrorInvalidConfiguration"
+    assert F.launch_empty(stream, 1, 65536, 65536) == "cudaErrorInvalidConfiguration"
+    assert F.launch_empty(stream, 1, 2, 1) == "cudaErrorInvalidConfiguration"
+    assert F.synchronize(stream) == "cudaSuccess"
+
+
+def test_fake_rule_copies_by_kind_and_memory(fake):
+    """cudaMemcpyAsync: the kind must match the sides; a range leaving its allocation, or a
+    host range running into one, is invalid; default kind takes any valid memory; a copy
+    to pageable memory returns once it has landed."""
+    stream = F.create_stream(0, False)
+    dev = F.device_copy(torch.arange(256, dtype=torch.uint8))
+    other = F.device_copy(torch.zeros(256, dtype=torch.uint8))
+    pageable = torch.zeros(256, dtype=torch.uint8)
+    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 256, 2, stream) == "cudaErrorInvalidValue"  # D2H
+    assert F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 3, stream) == "cudaErrorInvalidValue"  # D2D
+    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 512, 3, stream) == "cudaErrorInvalidValue"  # leaves it
+    assert F.memcpy_on(pageable.data_ptr(), dev.data_ptr() - 16, 64, 4, stream) == "cudaErrorInvalidValue"
+    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 256, 4, stream) == "cudaSuccess"  # default kind
+    assert F.memcpy_on(pageable.data_ptr(), other.data_ptr(), 256, 2, stream) == "cudaSuccess"
+    assert torch.equal(pageable, torch.arange(256, dtype=torch.uint8))  # landed before it returned
+    with captured(stream) as cap:
+        assert F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 1, stream) == \
+            "cudaErrorStreamCaptureUnsupported"  # pageable memory under capture
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+
+
+def test_fake_rule_host_registration(fake):
+    """cudaHostRegister: a null or empty range is invalid, memory already pinned is
+    cudaErrorHostMemoryAlreadyRegistered; both are potentially unsafe under capture."""
+    buffer = torch.zeros(4096, dtype=torch.uint8)
+    assert F.host_register_raw(0, 4096, True) == "cudaErrorInvalidValue"
+    assert F.host_register_raw(buffer.data_ptr(), 0, True) == "cudaErrorInvalidValue"
+    assert F.host_register_raw(buffer.data_ptr(), 4096, True) == "cudaSuccess"
+    assert F.host_register_raw(buffer.data_ptr(), 4096, True) == "cudaErrorHostMemoryAlreadyRegistered"
+    with captured(F.create_stream(0, False)) as cap:
+        assert F.host_register_raw(buffer.data_ptr(), 4096, False) == "cudaErrorStreamCaptureUnsupported"
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    assert F.host_register_raw(buffer.data_ptr(), 4096, False) == "cudaSuccess"
+    dev = F.device_copy(torch.zeros(4))
+    assert F.pointer_query(dev.data_ptr()) == "cudaSuccess"  # device memory
+
+
+def test_fake_rule_per_thread_stream_takes_the_batch_path(fake):
+    """cudaStreamPerThread is not the legacy stream: the batch API takes it."""
+    F.set_stream(0, 2)  # cudaStreamPerThread
+    src = caches(4096, 4, "pinned", pairs=1, seed=47)
+    dst = caches(4096, 4, "device", pairs=1, seed=48)
+    want = expected(src, dst, [1], [2])
+    torch_kvswap.set_copy_method("dma")
+    torch_kvswap.swap_blocks(src, dst, torch.tensor([1]), torch.tensor([2]))
+    assert F.count_calls("cudaMemcpyBatchAsync") == 1
+    assert F.synchronize(2) == "cudaSuccess"
+    assert torch.equal(host_bytes(dst[0]), want[0])
+
+
+def test_fake_error_names_and_the_no_op_table(fake):
+    F.set_fault("batch_error", 999)  # an error the fake does not name
+    F.set_stream(0, F.create_stream(0, False))
+    src = caches(4096, 4, "pinned", pairs=1)
+    dst = caches(4096, 4, "device", pairs=1)
+    torch_kvswap.set_copy_method("dma")
+    with pytest.raises(RuntimeError, match=r"cudaErrorUnknown\(fake\)"):
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+    assert F.noop_calls() == 0

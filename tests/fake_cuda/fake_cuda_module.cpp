@@ -358,6 +358,72 @@ std::string launch_large_empty(int64_t stream) {
   return fake_cuda::error_name(fake_cuda::fake_table()->launch_copy_large(params.get(), 1, 1, as_stream(stream)));
 }
 
+// Events through the table, as the engine uses them: handles as ints.
+std::tuple<std::string, int64_t> event_create() {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = fake_cuda::fake_table()->event_create_with_flags(&e, cudaEventDisableTiming);
+  return {fake_cuda::error_name(err), reinterpret_cast<int64_t>(e)};
+}
+
+std::string event_record(int64_t event, int64_t stream) {
+  return fake_cuda::error_name(
+      fake_cuda::fake_table()->event_record(reinterpret_cast<cudaEvent_t>(event), as_stream(stream)));
+}
+
+std::string event_query(int64_t event) {
+  return fake_cuda::error_name(fake_cuda::fake_table()->event_query(reinterpret_cast<cudaEvent_t>(event)));
+}
+
+std::tuple<std::string, int64_t> stream_capture_status(int64_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = fake_cuda::fake_table()->stream_is_capturing(as_stream(stream), &status);
+  return {fake_cuda::error_name(err), static_cast<int64_t>(status)};
+}
+
+std::tuple<std::string, int64_t> device_attribute(int64_t attr, int64_t device) {
+  int value = -1;
+  const cudaError_t err = fake_cuda::fake_table()->device_get_attribute(&value, static_cast<cudaDeviceAttr>(attr),
+                                                                        static_cast<int>(device));
+  return {fake_cuda::error_name(err), value};
+}
+
+// The small-parameter launch entry with no pair and no id, and a grid of
+// the caller's choosing: the fake's configuration rules alone decide.
+std::string launch_empty(int64_t stream, int64_t grid_x, int64_t grid_y, int64_t num_pairs) {
+  kvswap::cuda::CopyParams params{};
+  params.num_pairs = static_cast<int32_t>(num_pairs);
+  return fake_cuda::error_name(fake_cuda::fake_table()->launch_copy(
+      &params, static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), as_stream(stream)));
+}
+
+std::string host_register_raw(int64_t ptr, int64_t bytes, bool pin) {
+  const auto* t = fake_cuda::fake_table();
+  return fake_cuda::error_name(pin ? t->host_register(reinterpret_cast<void*>(ptr), static_cast<size_t>(bytes), 0)
+                                   : t->host_unregister(reinterpret_cast<void*>(ptr)));
+}
+
+// Every entry of the no-op table once (the overhead bench uses a few).
+int64_t noop_calls() {
+  const auto* t = fake_cuda::noop_table();
+  int64_t failures = 0;
+  int v = 0;
+  cudaPointerAttributes attrs{};
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaEvent_t e = nullptr;
+  failures += t->host_register(nullptr, 0, 0) != cudaSuccess;
+  failures += t->host_unregister(nullptr) != cudaSuccess;
+  failures += t->pointer_get_attributes(&attrs, &v) != cudaSuccess;
+  failures += t->thread_exchange_stream_capture_mode(&mode) != cudaSuccess;
+  failures += t->event_create_with_flags(&e, 0) != cudaSuccess;
+  failures += t->event_record(e, nullptr) != cudaSuccess;
+  failures += t->event_query(e) != cudaSuccess;
+  failures += t->device_get_attribute(&v, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess;
+  failures += t->launch_copy_large(nullptr, 1, 1, nullptr) != cudaSuccess;
+  failures += t->get_last_error() != cudaSuccess;
+  failures += std::string(t->get_error_string(cudaSuccess)) != "cudaSuccess";
+  return failures;
+}
+
 std::string last_error(bool peek) { return fake_cuda::error_name(fake_cuda::get_last_error(peek)); }
 
 int64_t count_calls(c10::string_view api) { return fake_cuda::count_calls(std::string(api)); }
@@ -486,6 +552,14 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("memcpy_on(int dst, int src, int bytes, int kind, int stream) -> str", &memcpy_on);
   m.def("batch_copy(Tensor table, int stream, int order=1, int num_attrs=1, int first_index=0) -> str", &batch_copy);
   m.def("launch_large_empty(int stream) -> str", &launch_large_empty);
+  m.def("event_create() -> (str, int)", &event_create);
+  m.def("event_record(int event, int stream) -> str", &event_record);
+  m.def("event_query(int event) -> str", &event_query);
+  m.def("stream_capture_status(int stream) -> (str, int)", &stream_capture_status);
+  m.def("device_attribute(int attr, int device) -> (str, int)", &device_attribute);
+  m.def("launch_empty(int stream, int grid_x, int grid_y, int num_pairs) -> str", &launch_empty);
+  m.def("host_register_raw(int ptr, int bytes, bool pin) -> str", &host_register_raw);
+  m.def("noop_calls() -> int", &noop_calls);
   m.def("pinned_records() -> int", [] { return g_pinned.recorded; });
   m.def("kernel_param_bytes(int device) -> int",
         [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::kernel_param_bytes(static_cast<int>(d))); });
