@@ -29,7 +29,11 @@
 // Descriptor lifetime: the batch path reads the core's descriptor table in
 // place; the header does not say when the runtime reads the arrays, so the
 // table tensors and the attrs entry are held by `in_flight()` until an event
-// recorded after the submission has completed.
+// recorded after the submission has completed, whatever fails after the
+// submission (engine_common.h, InFlightArrays::hold).
+//
+// Kernel parameters: 32,764 bytes where the build, runtime, driver and
+// device allow it, 4 KiB otherwise (param_limit below, copy_kernel.h).
 #include "cuda_engine.h"
 
 #include <ATen/core/Tensor.h>
