@@ -133,12 +133,18 @@ bool is_legacy(cudaStream_t stream) { return stream == nullptr || stream == cuda
 struct TableRuntime {
   using Event = cudaEvent_t;
   using Stream = cudaStream_t;
+  // Both run after a batch was queued: the copies will run all the same, and
+  // the error says so.
   static Event create_event() {
     cudaEvent_t event = nullptr;
-    KVSWAP_CUDA_CHECK(api().event_create_with_flags(&event, cudaEventDisableTiming));
+    KVSWAP_CUDA_CHECK(api().event_create_with_flags(&event, cudaEventDisableTiming), kQueuedAnyway);
     return event;
   }
-  static void record(Event event, Stream stream) { KVSWAP_CUDA_CHECK(api().event_record(event, stream)); }
+  static void record(Event event, Stream stream) {
+    KVSWAP_CUDA_CHECK(api().event_record(event, stream), kQueuedAnyway);
+  }
+  static constexpr const char* kQueuedAnyway =
+      "The batch copy was queued before this failed and will run; its descriptors stay held";
   // cudaEventQuery is one of the "potentially unsafe API calls" that a
   // thread may not make while any other thread captures in global mode; it
   // would fail and invalidate that capture (cuda_runtime_api.h:2536-2544,
