@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -84,31 +86,52 @@ class InFlightArrays {
   using Event = typename Runtime::Event;
   using Stream = typename Runtime::Stream;
 
-  // Records an event on `stream` and holds `tensors` and `extra` until it
-  // completes. Also retires earlier batches that have completed.
+  // Holds `tensors` and `extra` until the copies submitted before this call
+  // on `stream` are known to have finished: an event recorded on `stream`
+  // right after the submission has completed. Also retires earlier batches
+  // that have completed. The batch is held from the first line on, so that
+  // whatever fails afterwards (creating or recording the event, polling
+  // earlier batches) leaves it held: the copies are queued and may still read
+  // the arrays. A batch whose event could not be recorded is released once an
+  // event recorded later on the same stream has completed (stream order), or
+  // never.
   void hold(Stream stream, std::vector<at::Tensor> tensors, std::shared_ptr<void> extra) {
     std::lock_guard<std::mutex> lock(mutex_);
-    retire_locked();
-    Event event = free_.empty() ? Runtime::create_event() : take_free();
+    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});
+    Entry& entry = live_.back();  // deque: push_back keeps references valid
+    const Event event = free_.empty() ? Runtime::create_event() : take_free();
     try {
       Runtime::record(event, stream);
     } catch (...) {
       free_.push_back(event);
       throw;
     }
-    live_.push_back(Entry{event, std::move(tensors), std::move(extra)});
+    entry.event = event;
+    entry.has_event = true;
+    // Earlier batches only: this one was queued a moment ago.
+    retire_locked(live_.size() - 1);
+  }
+
+  // Forgets every batch and event, for an engine bound to a new runtime (the
+  // old one's events mean nothing to it).
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.clear();
+    free_.clear();
   }
 
   // Number of batches whose arrays are still held (for tests).
   size_t held() {
     std::lock_guard<std::mutex> lock(mutex_);
-    retire_locked();
+    retire_locked(live_.size());
     return live_.size();
   }
 
  private:
   struct Entry {
     Event event;
+    Stream stream;
+    bool has_event;
     std::vector<at::Tensor> tensors;
     std::shared_ptr<void> extra;
   };
@@ -120,14 +143,23 @@ class InFlightArrays {
   }
 
   // Batches complete in submission order per stream, but entries of several
-  // streams interleave here, so scan all rather than stop at the first.
-  void retire_locked() {
-    for (auto it = live_.begin(); it != live_.end();) {
-      if (Runtime::completed(it->event)) {
-        free_.push_back(it->event);
-        it = live_.erase(it);
+  // streams interleave here, so scan all of the first `count` rather than
+  // stop at the first. An entry without an event retires with a later entry
+  // of its stream whose event has completed.
+  void retire_locked(size_t count) {
+    std::vector<Stream> finished;  // streams with a completed event later in the scan
+    for (auto it = live_.begin() + static_cast<std::ptrdiff_t>(count); it != live_.begin();) {
+      --it;
+      bool done;
+      if (it->has_event) {
+        done = Runtime::completed(it->event);
+        if (done) finished.push_back(it->stream);
       } else {
-        ++it;
+        done = std::find(finished.begin(), finished.end(), it->stream) != finished.end();
+      }
+      if (done) {
+        if (it->has_event) free_.push_back(it->event);
+        it = live_.erase(it);
       }
     }
   }

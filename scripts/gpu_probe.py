@@ -1,15 +1,24 @@
 """GPU probes and benchmark of the CUDA engine, run by scripts/gpu_check.sh.
 
-    python scripts/gpu_probe.py probe OUT.json   # capture + replay on every path
-    python scripts/gpu_probe.py bench OUT.json   # H2D / D2H GB/s per path
+    python scripts/gpu_probe.py probe OUT.json [--fake]   # capture + replay on every path
+    python scripts/gpu_probe.py bench OUT.json [--fake]   # H2D / D2H GB/s per path
 
 Each result is written to the JSON file as soon as it exists, so a timeout
-keeps what was measured before it.
+keeps what was measured before it. Every probe checks every block it claims
+to have copied and every block it claims to have left alone; a probe that
+cannot check what it reports says so (``ok`` false, ``error`` why).
+
+``--fake`` runs the same logic on a CPU build of torch against the fake CUDA
+runtime (``torch_kvswap._fake_cuda``): the dry run of gpu_check.sh, so that
+the kit's first run on a GPU is not the first run of its code. Timings there
+mean nothing; the checks do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 import time
 import traceback
@@ -18,14 +27,12 @@ import torch
 
 import torch_kvswap
 
-DEV = torch.device("cuda", 0)
-
 
 class Results:
-    def __init__(self, path: str):
+    def __init__(self, path: str, backend):
         self.path = path
         self.data: dict = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                           "gpu": torch.cuda.get_device_name(0), "results": []}
+                           "gpu": backend.name(), "backend": backend.kind, "results": []}
         self.flush()
 
     def add(self, **entry):
@@ -38,94 +45,334 @@ class Results:
             json.dump(self.data, f, indent=1)
 
 
-def caches(block_bytes, blocks, where, seed):
+# --- backends: a GPU, or the fake runtime on the host ------------------------------------
+
+
+class CudaBackend:
+    kind = "cuda"
+    device = torch.device("cuda", 0)
+
+    def name(self):
+        return torch.cuda.get_device_name(0)
+
+    def device_tensor(self, t):
+        return t.to(self.device)
+
+    def pinned_tensor(self, t):
+        return t.pin_memory()
+
+    def ids(self, values, where):
+        t = torch.tensor(values, dtype=torch.int64)
+        return t.to(self.device) if where == "device" else t
+
+    def read(self, t):
+        return t.cpu() if t.is_cuda else t.clone()
+
+    def write_ids(self, t, values):
+        t.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def fill(self, t, cpu):
+        t.copy_(cpu)
+
+    def synchronize(self):
+        torch.cuda.synchronize()
+
+    def new_stream(self):
+        return torch.cuda.Stream()
+
+    @contextlib.contextmanager
+    def on(self, stream):
+        with torch.cuda.stream(stream):
+            yield
+
+    def sync_stream(self, stream):
+        stream.synchronize()
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Yields a holder; after the block, holder.replay() replays the captured graph."""
+        graph = torch.cuda.CUDAGraph()
+
+        class Holder:
+            replay = staticmethod(graph.replay)
+        with torch.cuda.graph(graph):
+            yield Holder
+
+    def pointer_copy(self, sp, dp, sizes, direction):
+        torch_kvswap.swap_blocks_batch(sp, dp, sizes, direction)
+
+    def timed(self, fn, stream, reps=5):
+        fn()
+        stream.synchronize()
+        best = float("inf")
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) * 1e-3)
+        return best
+
+
+class FakeBackend(CudaBackend):
+    """The fake CUDA runtime (tests/fake_cuda): "CUDA" tensors are host memory that the
+    fake registers as device memory; streams are queues that run at a sync."""
+
+    kind = "fake"
+    CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+    def __init__(self):
+        import torch_kvswap._fake_cuda  # noqa: F401 - registers torch.ops.kvswap_fake_cuda
+
+        self.F = torch.ops.kvswap_fake_cuda
+        self.F.install()
+        self.F.reset(2)
+        self.stream = self.new_stream()
+        self.F.set_stream(0, self.stream)
+
+    def name(self):
+        return "fake CUDA runtime (tests/fake_cuda)"
+
+    def device_tensor(self, t):
+        return self.F.device_copy(t.contiguous(), 0)
+
+    def pinned_tensor(self, t):
+        return self.F.pinned_copy(t.contiguous())
+
+    def ids(self, values, where):
+        t = torch.tensor(values, dtype=torch.int64)
+        return self.device_tensor(t) if where == "device" else t
+
+    def read(self, t):
+        return self.F.host_view(t).clone() if t.device.type == "cuda" else t.clone()
+
+    def write_ids(self, t, values):
+        self.fill(t, torch.tensor(values, dtype=torch.int64))
+
+    def fill(self, t, cpu):
+        (self.F.host_view(t) if t.device.type == "cuda" else t).copy_(cpu)
+
+    def synchronize(self):
+        for s in (self.stream, 0):
+            err = self.F.synchronize(s)
+            if err != "cudaSuccess":
+                raise RuntimeError(f"fake cudaStreamSynchronize: {err}")
+
+    def new_stream(self):
+        return self.F.create_stream(0, False)
+
+    @contextlib.contextmanager
+    def on(self, stream):
+        self.F.set_stream(0, stream)
+        try:
+            yield
+        finally:
+            self.F.set_stream(0, self.stream)
+
+    def sync_stream(self, stream):
+        err = self.F.synchronize(stream)
+        if err != "cudaSuccess":
+            raise RuntimeError(f"fake cudaStreamSynchronize: {err}")
+
+    @contextlib.contextmanager
+    def capture(self):
+        F, stream = self.F, self.stream
+
+        class Holder:
+            exec = None
+
+            @staticmethod
+            def replay():
+                err = F.launch_graph(Holder.exec, stream)
+                if err != "cudaSuccess":
+                    raise RuntimeError(f"fake cudaGraphLaunch: {err}")
+        err = F.begin_capture(stream, 0)
+        if err != "cudaSuccess":
+            raise RuntimeError(f"fake cudaStreamBeginCapture: {err}")
+        try:
+            yield Holder
+        finally:
+            err, graph = F.end_capture(stream)
+            if err != "cudaSuccess":
+                raise RuntimeError(f"fake cudaStreamEndCapture: {err}")
+            Holder.exec = F.instantiate(graph)
+
+    def pointer_copy(self, sp, dp, sizes, direction):
+        # The pointer op takes its device from torch's current accelerator, which a CPU
+        # build of torch does not have: the engine call it makes, redispatched to CUDA.
+        total = int(sizes.sum())
+        torch.ops.kvswap._submit.default.redispatch(self.CUDA, sp, dp, sizes, int(direction), total,
+                                                   torch.device("cuda", 0))
+
+    def timed(self, fn, stream, reps=2):
+        fn()
+        self.sync_stream(stream)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            self.sync_stream(stream)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+
+def random_blocks(blocks, block_bytes, seed):
     g = torch.Generator().manual_seed(seed)
-    t = torch.randint(0, 255, (blocks, block_bytes), generator=g, dtype=torch.uint8)
-    return t.pin_memory() if where == "host" else t.to(DEV)
+    return torch.randint(0, 255, (blocks, block_bytes), generator=g, dtype=torch.uint8)
 
 
 # --- probes -------------------------------------------------------------------------
 
 
-def probe_capture(method: str, id_place: str, block_bytes: int):
+def check_rows(got, before, source, want_d, want_s):
+    """Rows want_d of `got` equal rows want_s of `source`; every other row equals `before`."""
+    expect = before.clone()
+    expect[want_d] = source[want_s]
+    bad = [r for r in range(got.shape[0]) if not torch.equal(got[r], expect[r])]
+    return not bad, (f"rows differing from the reference: {bad}" if bad else None)
+
+
+def probe_capture(B, method: str, id_place: str, block_bytes: int):
+    """Capture one swap_blocks, change the ids, replay: host ids copy the blocks of capture
+    time, device ids the blocks they name at replay."""
     torch_kvswap.set_copy_method(method)
-    src = caches(block_bytes, 8, DEV, 1)
-    dst = caches(block_bytes, 8, "host", 2)
-    where = DEV if id_place == "device" else "cpu"
-    sid = torch.tensor([2, 3], device=where)
-    did = torch.tensor([0, 1], device=where)
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
+    src_cpu, dst_cpu = random_blocks(8, block_bytes, 1), random_blocks(8, block_bytes, 2)
+    src, dst = B.device_tensor(src_cpu), B.pinned_tensor(dst_cpu)
+    sid, did = B.ids([2, 3], id_place), B.ids([0, 1], id_place)
+    B.synchronize()
+    with B.capture() as graph:
         torch_kvswap.swap_blocks([src], [dst], sid, did)
-    sid.copy_(torch.tensor([6, 7]))
-    did.copy_(torch.tensor([4, 5]))
+    B.write_ids(sid, [6, 7])
+    B.write_ids(did, [4, 5])
     graph.replay()
-    torch.cuda.synchronize()
+    B.synchronize()
     want_s, want_d = ([2, 3], [0, 1]) if id_place == "host" else ([6, 7], [4, 5])
-    return bool(torch.equal(dst[want_d], src.cpu()[want_s]))
+    return check_rows(B.read(dst), dst_cpu, src_cpu, want_d, want_s)
 
 
-def probe_pointer_op():
-    src = caches(4096, 8, DEV, 3)
-    dst = caches(4096, 8, "host", 4)
+def probe_pointer_op(B):
+    """The pointer op captured on a side stream and replayed: one D2H block."""
+    src_cpu, dst_cpu = random_blocks(8, 4096, 3), random_blocks(8, 4096, 4)
+    src, dst = B.device_tensor(src_cpu), B.pinned_tensor(dst_cpu)
     sp = torch.tensor([src.data_ptr() + 2 * 4096])
     dp = torch.tensor([dst.data_ptr() + 5 * 4096])
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph, stream=stream):
-        torch_kvswap.swap_blocks_batch(sp, dp, torch.tensor([4096]), torch_kvswap.Direction.DEVICE_TO_HOST)
+    B.synchronize()
+    with B.capture() as graph:
+        B.pointer_copy(sp, dp, torch.tensor([4096]), torch_kvswap.Direction.DEVICE_TO_HOST)
+    sp.fill_(0)  # the graph holds the addresses of capture time
     graph.replay()
-    torch.cuda.synchronize()
-    return bool(torch.equal(dst[5], src[2].cpu()))
+    B.synchronize()
+    return check_rows(B.read(dst), dst_cpu, src_cpu, [5], [2])
 
 
-def probe_reduce_overhead(id_place: str, block_bytes: int):
+class CudagraphWatch:
+    """Whether torch.compile(mode="reduce-overhead") recorded a CUDA graph, and if not, why:
+    inductor logs each skip ("skipping cudagraphs due to ...") on its cudagraphs artifact
+    logger and counts it in counters["inductor"]["cudagraph_skips"]."""
+
+    LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
+
+    def __enter__(self):
+        from torch._dynamo.utils import counters
+
+        self.counters = counters
+        self.skips_before = counters["inductor"]["cudagraph_skips"]
+        self.reasons: list[str] = []
+        watch = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                watch.reasons.append(record.getMessage())
+        self.handler = Handler(logging.DEBUG)
+        self.logger = logging.getLogger(self.LOGGER)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)  # the artifact is off by default
+        self.logger.addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+        return False
+
+    def report(self, device_index=0):
+        skips = self.counters["inductor"]["cudagraph_skips"] - self.skips_before
+        recorded = None
+        try:
+            from torch._inductor import cudagraph_trees
+
+            manager = cudagraph_trees.get_manager(device_index, create_if_none_exists=False)
+            recorded = bool(manager is not None and any(manager.roots.values()))
+        except Exception as exc:  # noqa: BLE001 - reported
+            self.reasons.append(f"cannot inspect cudagraph trees: {type(exc).__name__}: {exc}")
+        if recorded is None:
+            recorded = skips == 0 and not self.reasons
+        # Inductor logs a skip's reason only when the graph has a CUDA device; without
+        # one it counts the skip and says nothing.
+        why = "; ".join(dict.fromkeys(self.reasons)) or (
+            None if recorded else f"{skips} cudagraph skip(s), no reason logged (no CUDA device in the graph)")
+        return {"graph_recorded": recorded, "cudagraph_skips": skips, "why_not": None if recorded else why}
+
+
+def probe_reduce_overhead(B, id_place: str, block_bytes: int):
+    """A store under torch.compile(mode="reduce-overhead"): correct on every call, and the
+    report says whether inductor recorded a CUDA graph and, if not, why (with host caches
+    among the graph's inputs inductor is expected to skip: cpu device / mutated inputs)."""
     torch._dynamo.reset()
     torch_kvswap.set_copy_method("auto")
-    dev = caches(block_bytes, 8, DEV, 5)
-    host = caches(block_bytes, 8, "host", 6)
-    where = DEV if id_place == "device" else "cpu"
+    dev_cpu, host_cpu = random_blocks(8, block_bytes, 5), random_blocks(8, block_bytes, 6)
+    if B.kind == "fake":  # inductor cannot compile for fake device memory: host caches only
+        dev, host = dev_cpu.clone(), host_cpu.clone()
+        id_place = "host"
+    else:
+        dev, host = B.device_tensor(dev_cpu), B.pinned_tensor(host_cpu)
 
     @torch.compile(mode="reduce-overhead", fullgraph=True)
     def store(d, h, sid, did):
-        d.add_(1)
         torch_kvswap.swap_blocks([d], [h], sid, did)
 
-    ok = True
-    for step in range(4):  # warm-up, record, replays
-        sid = torch.tensor([step, step + 1], device=where)
-        did = torch.tensor([7 - step, 3], device=where)
-        store(dev, host, sid, did)
-        torch.cuda.synchronize()
-        ok = ok and bool(torch.equal(host[[7 - step, 3]], dev.cpu()[[step, step + 1]]))
-    return ok
+    ok, errors = True, []
+    expect = host_cpu.clone()
+    with CudagraphWatch() as watch:
+        for step in range(4):  # warm-up, record, replays
+            sid, did = B.ids([step, step + 1], id_place), B.ids([7 - step, 3], id_place)
+            store(dev, host, sid, did)
+            B.synchronize()
+            expect[[7 - step, 3]] = dev_cpu[[step, step + 1]]
+            good, error = check_rows(B.read(host), expect, expect, [], [])
+            ok = ok and good
+            if error:
+                errors.append(f"call {step}: {error}")
+    return ok, "; ".join(errors) or None, watch.report()
 
 
-def probe(path: str) -> int:
-    out = Results(path)
+def probe(path: str, B) -> int:
+    out = Results(path, B)
     failures = 0
+    blocks = (2048, 65536)
     cases = [("capture", m, p, bb) for m in ("auto", "dma", "kernel") for p in ("host", "device")
-             for bb in (2048, 65536)]
-    cases += [("pointer_op",), ("reduce_overhead", "host", 2048), ("reduce_overhead", "device", 2048),
-              ("reduce_overhead", "host", 65536), ("reduce_overhead", "device", 65536)]
+             for bb in blocks]
+    cases += [("pointer_op",)]
+    cases += [("reduce_overhead", p, bb) for p in ("host", "device") for bb in blocks] \
+        if B.kind == "cuda" else [("reduce_overhead", "host", 2048)]
     for case in cases:
         t0 = time.perf_counter()
+        extra = {}
         try:
             if case[0] == "capture":
-                ok = probe_capture(*case[1:])
+                ok, error = probe_capture(B, *case[1:])
             elif case[0] == "pointer_op":
-                ok = probe_pointer_op()
+                ok, error = probe_pointer_op(B)
             else:
-                ok = probe_reduce_overhead(*case[1:])
-            error = None
+                ok, error, extra = probe_reduce_overhead(B, *case[1:])
         except Exception as exc:  # noqa: BLE001 - recorded
             ok, error = False, f"{type(exc).__name__}: {exc}"[:2000]
+            # dma + device ids under capture: refused before any CUDA call, as documented.
             if case[:2] == ("capture", "dma") and case[2] == "device" and "illegal while" in str(exc):
                 ok, error = True, "refused as documented: " + error.splitlines()[0]
         failures += not ok
-        out.add(case=list(case), ok=ok, error=error, seconds=round(time.perf_counter() - t0, 3))
+        out.add(case=list(case), ok=ok, error=error, seconds=round(time.perf_counter() - t0, 3), **extra)
     torch_kvswap.set_copy_method("auto")
     return 1 if failures else 0
 
@@ -133,57 +380,47 @@ def probe(path: str) -> int:
 # --- benchmark ------------------------------------------------------------------------
 
 
-def timed(fn, stream, reps=5):
-    fn()
-    stream.synchronize()
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e-3)
-    return best
-
-
-def bench(path: str) -> int:
-    out = Results(path)
-    total = 64 << 20
+def bench(path: str, B) -> int:
+    out = Results(path, B)
+    total = (64 << 20) if B.kind == "cuda" else (1 << 20)
     for direction in ("h2d", "d2h"):
         for kib in (2, 16, 256):
             bb = kib * 1024
             blocks = total // bb
-            host = caches(bb, blocks, "host", 7)
-            dev = caches(bb, blocks, DEV, 8)
+            host_cpu, dev_cpu = random_blocks(blocks, bb, 7), random_blocks(blocks, bb, 8)
+            host, dev = B.pinned_tensor(host_cpu), B.device_tensor(dev_cpu)
             src, dst = (host, dev) if direction == "h2d" else (dev, host)
+            src_cpu = host_cpu if direction == "h2d" else dev_cpu
             sid_cpu = torch.randperm(blocks)
             did_cpu = torch.randperm(blocks)
-            side = torch.cuda.Stream()
-            flat_src = caches(total, 1, "host" if direction == "h2d" else DEV, 9)
-            if direction == "h2d":
-                flat_dst = torch.empty(total, dtype=torch.uint8, device=DEV)
-            else:
-                flat_dst = torch.empty(total, dtype=torch.uint8).pin_memory()
-            flat_src = flat_src.view(-1)
-            with torch.cuda.stream(side):
-                base = timed(lambda: flat_dst.copy_(flat_src, non_blocking=True), side)
+            side = B.new_stream()
+            flat_src = src.view(-1)
+            flat_dst = dst.view(-1)
+            if B.kind == "cuda":
+                with B.on(side):
+                    base = B.timed(lambda: flat_dst.copy_(flat_src, non_blocking=True), side)
+            else:  # one contiguous copy through the fake runtime: the pointer op, one descriptor
+                sp, dp = torch.tensor([flat_src.data_ptr()]), torch.tensor([flat_dst.data_ptr()])
+                kind = torch_kvswap.Direction.HOST_TO_DEVICE if direction == "h2d" else \
+                    torch_kvswap.Direction.DEVICE_TO_HOST
+                with B.on(side):
+                    base = B.timed(lambda: B.pointer_copy(sp, dp, torch.tensor([total]), kind), side)
+            B.synchronize()
             out.add(direction=direction, block_kib=kib, path="contiguous", seconds=base,
-                    gbps=total / base / 1e9, ok=True)
-            paths = [("batch_dma", "dma", side, "cpu"), ("per_descriptor", "dma", None, "cpu"),
-                     ("kernel_host_ids", "kernel", side, "cpu"), ("kernel_device_ids", "kernel", side, DEV)]
+                    gbps=total / base / 1e9, ok=bool(torch.equal(B.read(dst), src_cpu)))
+            paths = [("batch_dma", "dma", side, "host"), ("per_descriptor", "dma", None, "host"),
+                     ("kernel_host_ids", "kernel", side, "host"), ("kernel_device_ids", "kernel", side, "device")]
             for name, method, stream, where in paths:
                 torch_kvswap.set_copy_method(method)
-                sid, did = sid_cpu.to(where), did_cpu.to(where)
-                dst.zero_()
-                torch.cuda.synchronize()
-                s = stream if stream is not None else torch.cuda.default_stream()
+                sid, did = B.ids(sid_cpu.tolist(), where), B.ids(did_cpu.tolist(), where)
+                B.synchronize()
+                B.fill(dst, torch.zeros_like(host_cpu))  # the baseline copied every row
+                s = stream if stream is not None else (torch.cuda.default_stream() if B.kind == "cuda" else 0)
                 try:
-                    with torch.cuda.stream(s):
-                        secs = timed(lambda: torch_kvswap.swap_blocks([src], [dst], sid, did), s)
-                    torch.cuda.synchronize()
-                    sample = torch.randint(0, blocks, (64,))
-                    ok = bool(torch.equal(dst[did_cpu[sample]].cpu(), src[sid_cpu[sample]].cpu()))
+                    with B.on(s):
+                        secs = B.timed(lambda: torch_kvswap.swap_blocks([src], [dst], sid, did), s)
+                    B.synchronize()
+                    ok = bool(torch.equal(B.read(dst)[did_cpu], src_cpu[sid_cpu]))  # every block
                     out.add(direction=direction, block_kib=kib, path=name, seconds=secs,
                             gbps=total / secs / 1e9, vs_contiguous=base / secs, ok=ok)
                 except Exception as exc:  # noqa: BLE001 - recorded
@@ -207,10 +444,15 @@ def bench(path: str) -> int:
     return 0 if all(x.get("ok") for x in res) else 1
 
 
+def main(argv):
+    mode, path = argv[1], argv[2]
+    backend = FakeBackend() if "--fake" in argv[3:] else CudaBackend()
+    return probe(path, backend) if mode == "probe" else bench(path, backend)
+
+
 if __name__ == "__main__":
-    mode, path = sys.argv[1], sys.argv[2]
     try:
-        sys.exit(probe(path) if mode == "probe" else bench(path))
+        sys.exit(main(sys.argv))
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         sys.exit(1)

@@ -191,6 +191,43 @@ def test_cuda_kernel_path_rejects_pageable_host_caches():
             torch_kvswap.swap_blocks(dev, pageable, torch.tensor([0]), torch.tensor([1]))
 
 
+@pytest.mark.parametrize("pairs", [1, 16])
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_cuda_kernel_path_with_4096_host_ids(pairs, direction):
+    """Host ids ride in the kernel's parameters: 4,096 of them take 2 launches of 32 KiB
+    parameters on CUDA 12.1+ and sm_70+ (9 of 4 KiB otherwise); every block must land."""
+    device = accelerator_or_skip("cuda")
+    with using_copy_method("kernel"):
+        dev = caches(256, torch.uint8, 4096, device, pairs=pairs, seed=17)
+        host = caches(256, torch.uint8, 4096, "host", pairs=pairs, seed=18)
+        g = torch.Generator().manual_seed(19)
+        sid, did = torch.randperm(4096, generator=g), torch.randperm(4096, generator=g)
+        src, dst = (host, dev) if direction == "h2d" else (dev, host)
+        want = [d.cpu().index_copy(0, did, s.cpu()[sid]) for s, d in zip(src, dst)]
+        torch_kvswap.swap_blocks(src, dst, sid, did)
+        torch.cuda.synchronize()
+        assert all(torch.equal(d.cpu(), w) for d, w in zip(dst, want))
+
+
+def test_cuda_pinned_host_cache_freed_after_the_call_is_not_reused_mid_copy():
+    """The copy's stream is recorded with torch's pinned allocator: a transient pinned
+    tensor freed right after the call is not handed out again before the copy ran."""
+    device = accelerator_or_skip("cuda")
+    with using_copy_method("dma"):
+        (dev,) = caches(1 << 20, torch.uint8, 64, device, pairs=1, seed=20)
+        data = torch.randint(0, 255, (64, 1 << 20), dtype=torch.uint8)
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(50_000_000)  # keep the stream busy: the copy is queued behind it
+            host = data.pin_memory()
+            torch_kvswap.swap_blocks([host], [dev], torch.arange(64), torch.arange(64))
+            del host
+            reuse = torch.empty_like(data).pin_memory()
+            reuse.fill_(7)
+        stream.synchronize()
+        assert torch.equal(dev.cpu(), data)
+
+
 def npu_pins_in_place(device) -> bool:
     """Whether this CANN can page-lock memory in place (aclrtHostRegisterV2)."""
     raw = torch.empty(2 * 4096, dtype=torch.uint8)
@@ -263,3 +300,22 @@ def test_cuda_capture_on_every_path(method, id_place, block_bytes):
         want_s, want_d = ([2, 3], [0, 1]) if id_place == "host" else ([6, 7], [4, 5])
         for d, h in zip(dev, host):
             assert torch.equal(h[want_d], d.cpu()[want_s])
+
+
+def test_gpu_check_budgets_fit_within_the_total():
+    """scripts/gpu_check.sh gets one short shot on a GPU machine: its step budgets must sum
+    within its total, so that no step's budget is cut by the ones before it and the
+    benchmark keeps its slot."""
+    import json
+    import pathlib
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    out = subprocess.run(["bash", str(script), "--budgets"], check=True, capture_output=True, text=True)
+    budgets = json.loads(out.stdout)
+    steps = budgets["steps"]
+    assert list(steps) == ["preflight", "build", "tests", "memcheck", "probe", "bench", "report"]
+    assert sum(steps.values()) <= budgets["total"], budgets
+    assert budgets["guarded"] == "bench" and steps["bench"] >= 60
+    # The whole shot, machine start-up included, fits the device time of a task (15 min).
+    assert budgets["total"] <= 8 * 60

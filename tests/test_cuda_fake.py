@@ -474,7 +474,12 @@ def test_auto_routes_device_ids_under_capture_to_the_kernel(fake):
     assert len(F.launches()) == 7
 
 
-def test_many_pairs_and_ids_split_over_launches(fake):
+@pytest.mark.parametrize("large,launches", [(False, 4), (True, 1)])
+def test_many_pairs_and_ids_split_over_launches(fake, large, launches):
+    """20 pairs, 500 host ids: in 4 KiB, 384 ids and 16 pairs per launch (2 x 2 launches);
+    in 32 KiB all of them at once."""
+    F.set_fault("large_params_absent", int(not large))
+    F.rebind()
     stream = side_stream()
     src = caches(256, 600, "device", pairs=20, seed=27)
     dst = caches(256, 600, "pinned", pairs=20, seed=28)
@@ -485,7 +490,7 @@ def test_many_pairs_and_ids_split_over_launches(fake):
     torch_kvswap.swap_blocks(src, dst, sid, did)
     F.synchronize(stream)
     assert all(torch.equal(d, w) for d, w in zip(dst, want))
-    assert len(F.launches()) // 7 > 1
+    assert len(F.launch_param_bytes()) == launches
 
 
 def test_kernel_path_skips_device_ids_out_of_range(fake):
@@ -621,3 +626,606 @@ def test_engine_overhead_against_a_no_op_runtime(fake):
           f"kernel per host id {(kernel_many - kernel_call) / 4095:.2f}")
     # Loose bounds for a shared CI machine; the goals (1 us, 1 ns) are checked in performance.md.
     assert batch_call < 20_000 and each_call < 20_000
+
+
+# --- descriptor tables held whatever fails after the submission ---------------------------
+
+
+class StalledBatches:
+    """Batches of one block each on a stalled side stream: nothing completes until a sync,
+    so a table released early comes back from the pool for the next call and changes."""
+
+    def __init__(self):
+        self.stream = side_stream()
+        (self.src,) = caches(4096, 8, "pinned", pairs=1, seed=31)
+        (self.dst,) = caches(4096, 8, "device", pairs=1, seed=32)
+        self.want = expected([self.src], [self.dst], [0, 1, 2, 3], [7, 6, 5, 4])[0]
+        torch_kvswap.set_copy_method("dma")
+        F.set_fault("stalled", 1)
+
+    def copy(self, k):
+        torch_kvswap.swap_blocks([self.src], [self.dst], torch.tensor([k]), torch.tensor([7 - k]))
+
+    def finish(self):
+        F.set_fault("stalled", 0)
+        assert F.synchronize(self.stream) == "cudaSuccess"
+        assert F.violations() == []  # no table changed before its copies ran
+        assert torch.equal(host_bytes(self.dst), self.want)  # every submitted copy landed
+        assert F.in_flight(0) == 0  # a batch without an event retires with a later one
+
+
+@pytest.mark.parametrize("failing", ["cudaEventRecord", "cudaEventCreateWithFlags"])
+def test_a_batch_whose_event_fails_stays_held(fake, failing):
+    b = StalledBatches()
+    F.set_fault("fail:" + failing, 1)
+    calls = 0
+    with pytest.raises(RuntimeError, match=r"(event_record|event_create).*The batch copy was queued"):
+        # Events are recycled: creation fails once the spare ones are used up.
+        for calls in range(1000):
+            b.copy(calls % 4)  # the failing call was submitted, then its event failed
+    F.set_fault("fail:" + failing, 0)
+    assert F.in_flight(0) == calls + 1
+    for k in (1, 2, 3):
+        b.copy(k)
+    assert F.in_flight(0) == calls + 4
+    b.finish()
+
+
+def test_a_batch_stays_held_when_polling_earlier_batches_fails(fake):
+    b = StalledBatches()
+    b.copy(0)
+    F.set_fault("fail:cudaEventQuery", 1)
+    with pytest.raises(RuntimeError, match="cudaEventQuery"):
+        b.copy(1)  # submitted and recorded, then polling batch 0 failed
+    F.set_fault("fail:cudaEventQuery", 0)
+    assert F.in_flight(0) == 2
+    for k in (2, 3):
+        b.copy(k)
+    b.finish()
+
+
+# --- pinned host tensors: the allocator learns the copy's stream ----------------------------
+
+
+@pytest.mark.parametrize("method", ["dma", "kernel"])
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused(fake, method, direction):
+    """torch's pinned allocator hands a freed block out again once the streams recorded on
+    it have run past; without the record a queued copy reads or writes the next owner's data."""
+    stream = side_stream()
+    data = torch.randint(0, 255, (4, 4096), dtype=torch.uint8, generator=torch.Generator().manual_seed(33))
+    (dev,) = caches(4096, 4, "device", pairs=1, seed=34)
+    host = F.pinned_empty([4, 4096])
+    host.copy_(data)
+    torch_kvswap.set_copy_method(method)
+    records = F.pinned_records()
+    want = host_bytes(dev)
+    if direction == "h2d":
+        want[[2, 3]] = data[[0, 1]]
+        torch_kvswap.swap_blocks([host], [dev], torch.tensor([0, 1]), torch.tensor([2, 3]))
+    else:
+        torch_kvswap.swap_blocks([dev], [host], torch.tensor([2, 3]), torch.tensor([0, 1]))
+    assert F.pinned_records() == records + 1  # one host storage, one record
+    address = host.data_ptr()
+    del host  # freed while the copy is queued
+    reuse = F.pinned_empty([4, 4096])
+    assert reuse.data_ptr() != address  # the block is still the stream's
+    reuse.fill_(0xEE)
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert F.violations() == []
+    assert bool((reuse == 0xEE).all())  # the new owner's bytes are its own
+    assert torch.equal(host_bytes(dev), want)
+    assert F.pinned_empty([4, 4096]).data_ptr() == address  # the stream ran past: free again
+
+
+# --- the pointer query is safe whether or not it is legal under capture ----------------------
+
+
+@pytest.mark.parametrize("unsafe", [0, 1])
+def test_the_pointer_query_is_safe_under_capture_either_way(fake, unsafe):
+    """No public source says whether cudaPointerGetAttributes is a "potentially unsafe" call
+    under capture; with the fault it is, and only the relaxed mode keeps the capture valid."""
+    F.set_fault("pointer_query_unsafe", unsafe)
+    stream = side_stream()
+    src = caches(2048, 4, "pinned", pairs=1, seed=35)
+    dst = caches(2048, 4, "device", pairs=1, seed=36)
+    with captured(stream, GLOBAL) as cap:
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
+    assert cap.error == "cudaSuccess", F.call_log()
+    assert F.count_calls("cudaPointerGetAttributes") == 1
+    want = expected(src, dst, [0, 1], [2, 3])
+    assert F.launch_graph(cap.graph, stream) == "cudaSuccess"
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert torch.equal(host_bytes(dst[0]), want[0])
+
+
+def test_the_fake_refuses_the_pointer_query_under_global_capture_in_that_mode(fake):
+    """The fault's rule itself: in global mode the query fails and invalidates the capture."""
+    F.set_fault("pointer_query_unsafe", 1)
+    stream = side_stream()
+    buffer = F.pinned_copy(torch.zeros(4096, dtype=torch.uint8))
+    with captured(stream, GLOBAL) as cap:
+        assert F.pointer_query(buffer.data_ptr()) == "cudaErrorStreamCaptureUnsupported"
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    assert F.pointer_query(buffer.data_ptr()) == "cudaSuccess"  # legal outside capture
+
+
+# --- kernel parameters: 32,764 bytes where runtime, driver and device allow it ---------------
+
+LARGE, SMALL = 32752, 4016  # sizeof the two parameter blocks (copy_kernel.h)
+
+
+@pytest.mark.parametrize("fault,value,param_bytes,launches", [
+    (None, 0, LARGE, 2),                       # 4,081 host ids per launch
+    ("runtime_version", 12000, SMALL, 9),      # 489 per launch
+    ("driver_version", 12000, SMALL, 9),
+    ("compute_major", 6, SMALL, 9),
+    ("large_params_absent", 1, SMALL, 9),
+    ("fail:cudaDeviceGetAttribute", 101, SMALL, 9),
+])
+def test_launches_per_4096_host_ids_with_each_parameter_limit(fake, fault, value, param_bytes, launches):
+    if fault:
+        F.set_fault(fault, value)
+    F.rebind()
+    stream = side_stream()
+    src = caches(16, 4096, "device", pairs=1, seed=37)
+    dst = caches(16, 4096, "pinned", pairs=1, seed=38)
+    g = torch.Generator().manual_seed(39)
+    sid, did = torch.randperm(4096, generator=g), torch.randperm(4096, generator=g)
+    want = expected(src, dst, sid, did)
+    torch_kvswap.set_copy_method("kernel")
+    torch_kvswap.swap_blocks(src, dst, sid, did)
+    assert F.kernel_param_bytes(0) == (32764 if param_bytes == LARGE else 4096)
+    assert F.launch_param_bytes() == [param_bytes] * launches
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert torch.equal(dst[0], want[0])
+    assert F.last_error(True) == "cudaSuccess"
+
+
+@pytest.mark.parametrize("pairs,inline,large,launches", [
+    (16, "both", True, 2),     # 3,976 ids per launch, all 16 pairs in each
+    (16, "both", False, 11),   # 384 ids per launch
+    (1, "dst", True, 1),       # device src ids, host dst ids: 8,162 per launch
+    (1, "dst", False, 5),      # 978 per launch
+    (1, "none", False, 1),     # device ids: one launch whatever the count
+])
+def test_launch_counts_for_pairs_and_id_placement(fake, pairs, inline, large, launches):
+    if not large:
+        F.set_fault("large_params_absent", 1)
+    F.rebind()
+    stream = side_stream()
+    src = caches(16, 4096, "device", pairs=pairs, seed=40)
+    dst = caches(16, 4096, "pinned", pairs=pairs, seed=41)
+    g = torch.Generator().manual_seed(42)
+    sid, did = torch.randperm(4096, generator=g), torch.randperm(4096, generator=g)
+    want = expected(src, dst, sid, did)
+    sid_t = sid if inline == "both" else F.device_copy(sid)
+    did_t = did if inline != "none" else F.device_copy(did)
+    torch_kvswap.set_copy_method("kernel")
+    torch_kvswap.swap_blocks(src, dst, sid_t, did_t)
+    assert len(F.launch_param_bytes()) == launches
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert all(torch.equal(d, w) for d, w in zip(dst, want))
+
+
+@pytest.mark.parametrize("fault,value,answer", [
+    (None, 0, "cudaSuccess"),
+    ("driver_version", 12000, "cudaErrorNotSupported"),
+    ("runtime_version", 12000, "cudaErrorNotSupported"),
+    ("compute_major", 6, "cudaErrorNotSupported"),
+])
+def test_the_fake_enforces_the_parameter_limit(fake, fault, value, answer):
+    """More than 4 KiB of parameters needs a 12.1+ driver and runtime and sm_70+."""
+    if fault:
+        F.set_fault(fault, value)
+    assert F.launch_large_empty(side_stream()) == answer
+
+
+# --- sticky errors and invalidated captures ----------------------------------------------------
+
+
+def test_after_a_sticky_error_every_call_answers_it(fake):
+    """driver_types.h:771-772: after cudaErrorIllegalAddress "any further CUDA work will
+    return the same error"; cudaGetLastError does not clear it."""
+    stream = side_stream()
+    (dev,) = caches(2048, 4, "device", pairs=1, seed=43)
+    pageable = torch.zeros(4, 2048, dtype=torch.uint8)
+    # The kernel on pageable memory (the core would refuse it): an illegal address when it runs.
+    torch.ops.kvswap._swap_blocks_kernel.default.redispatch(CUDA, [dev], [pageable], torch.tensor([0]),
+                                                            torch.tensor([1]))
+    assert F.synchronize(stream) == "cudaErrorIllegalAddress"
+    assert F.violations() == ["kernel: touched memory the device cannot address"]
+    assert F.last_error(False) == "cudaErrorIllegalAddress"
+    assert F.last_error(False) == "cudaErrorIllegalAddress"  # read, and still there
+    (pinned,) = caches(2048, 4, "pinned", pairs=1, seed=44)
+    for method in ("auto", "dma", "kernel"):
+        torch_kvswap.set_copy_method(method)
+        with pytest.raises(RuntimeError, match=r"kvswap CUDA engine: .*stream_is_capturing.* failed: "
+                                               r"cudaErrorIllegalAddress"):
+            torch_kvswap.swap_blocks([dev], [pinned], torch.tensor([0]), torch.tensor([1]))
+    kernel = torch.ops.kvswap._swap_blocks_kernel.default
+    with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. launching the block copy kernel"):
+        kernel.redispatch(CUDA, [dev], [pinned], torch.tensor([0]), torch.tensor([1]))
+    F.set_stream(0, 0)  # the legacy stream: per descriptor
+    with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. descriptor 0: "):
+        torch.ops.kvswap._submit.default.redispatch(
+            CUDA, torch.tensor([dev.data_ptr()]), torch.tensor([pinned.data_ptr()]), torch.tensor([2048]),
+            1, 2048, torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match=r"cudaPointerGetAttributes failed: cudaErrorIllegalAddress.* is mapped for cuda:0"):
+        torch.ops.kvswap._host_mapped.default.redispatch(CUDA, [pinned], torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. pinning 4096 host bytes"):
+        torch.ops.kvswap._host_register(torch.zeros(4096, dtype=torch.uint8), torch.device("cuda", 0), True)
+    assert F.synchronize(stream) == "cudaErrorIllegalAddress"
+    assert F.last_error(True) == "cudaErrorIllegalAddress"
+
+
+def test_an_invalidated_capture_answers_901_to_further_work(fake):
+    """driver_types.h:1019-1022: the capture "has been invalidated due to a previous error"."""
+    stream = side_stream()
+    src = caches(2048, 4, "pinned", pairs=1, seed=45)
+    dst = caches(2048, 4, "device", pairs=1, seed=46)
+    with captured(stream) as cap:
+        assert F.synchronize(stream) == "cudaErrorStreamCaptureUnsupported"  # sync: illegal, invalidates
+        assert torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))  # still inside the capture
+        with pytest.raises(RuntimeError, match=r"cudaErrorStreamCaptureInvalidated.*\. "
+                                               r"launching the block copy kernel"):
+            torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+        with pytest.raises(RuntimeError, match=r"cudaErrorStreamCaptureInvalidated.*\. descriptor 0: "):
+            torch.ops.kvswap._submit.default.redispatch(
+                CUDA, torch.tensor([src[0].data_ptr()]), torch.tensor([dst[0].data_ptr()]),
+                torch.tensor([2048]), 0, 2048, torch.device("cuda", 0))
+        assert F.last_error(True) == "cudaSuccess"
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    assert F.launches() == []  # nothing was recorded after the invalidation
+
+
+# --- device-resident ids: duplicates and overlap are the caller's duty ------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_unchecked_device_ids_never_write_outside_the_named_blocks(fake, seed, overlap):
+    """docs/cuda.md: device ids on the kernel path are not read back, so duplicates,
+    source/destination overlap and ids out of range are not refused (the checked mode
+    refuses them). What holds on any input: ids out of range are skipped, nothing outside
+    the in-range destination blocks is written, and every byte written comes from a block
+    that some in-range pair names as its source (under overlap: from the same offset of a
+    block of the cache)."""
+    stream = side_stream()
+    g = torch.Generator().manual_seed(100 + seed)
+    blocks, bb = 8, 2048
+    whole = F.device_copy(torch.randint(0, 255, (blocks + 2, bb), generator=g, dtype=torch.uint8))
+    cache = whole[1:blocks + 1]  # rows 0 and blocks + 1 guard the cache's ends
+    if overlap:
+        src, dst = cache, cache
+    else:
+        host = F.pinned_copy(torch.randint(0, 255, (blocks + 2, bb), generator=g, dtype=torch.uint8))
+        src, dst = host[1:blocks + 1], cache
+    n = 12
+    sid = torch.randint(-2, blocks + 2, (n,), generator=g)
+    did = torch.randint(-2, blocks + 2, (n,), generator=g)
+    did[1] = did[0] = 3  # a duplicate destination in every case
+    sid[1] = 5
+    before_src, before_whole = host_bytes(src), host_bytes(whole)
+    sid_t, did_t = F.device_copy(sid), F.device_copy(did)  # alive until the kernel has run
+    torch_kvswap.swap_blocks([src], [dst], sid_t, did_t)
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert F.violations() == []
+    after = host_bytes(whole)
+    assert torch.equal(after[0], before_whole[0]) and torch.equal(after[-1], before_whole[-1])
+    ok = [(s, d) for s, d in zip(sid.tolist(), did.tolist()) if 0 <= s < blocks and 0 <= d < blocks]
+    for d in range(blocks):
+        sources = [s for s, dd in ok if dd == d]
+        row = after[1 + d]
+        if not sources:
+            assert torch.equal(row, before_whole[1 + d]), d
+            continue
+        # Under overlap a source may be read before or after it is written: its bytes then
+        # come, at the same offset, from some block's bytes before the call.
+        states = [before_src[s] for s in (range(blocks) if overlap else sources)]
+        words = row.view(-1, 16)
+        allowed = torch.stack([state.view(-1, 16) for state in states])
+        assert bool((words.unsqueeze(0) == allowed).all(-1).any(0).all()), d
+
+
+def test_device_ids_read_back_for_the_dma_path_are_checked(fake):
+    """Outside capture the descriptor path reads device ids back and checks them as host ids."""
+    side_stream()
+    src = caches(65536, 4, "device", pairs=1)
+    dst = caches(65536, 4, "pinned", pairs=1)
+    torch_kvswap.set_copy_method("dma")
+    with pytest.raises(ValueError, match="are both 2"):
+        torch_kvswap.swap_blocks(src, dst, ids([0, 1], "device"), ids([2, 2], "device"))
+
+
+# --- the fake's own rules, each triggered directly -----------------------------------------
+
+
+def _sync_call(kind, buffer, device_buffer):
+    """A "potentially unsafe" call of each kind, on memory of the test's."""
+    if kind == "cudaMemcpy":
+        return F.memcpy_sync(device_buffer.data_ptr(), buffer.data_ptr(), 64, 1)
+    if kind == "cudaStreamSynchronize":
+        return F.synchronize(F.create_stream(0, False))
+    if kind == "cudaHostRegister":
+        try:
+            torch.ops.kvswap._host_register(buffer, torch.device("cuda", 0), True)
+            return "cudaSuccess"
+        except RuntimeError as exc:
+            return "cudaErrorStreamCaptureUnsupported" if "StreamCaptureUnsupported" in str(exc) else str(exc)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["cudaMemcpy", "cudaStreamSynchronize", "cudaHostRegister"])
+@pytest.mark.parametrize("capture_mode,my_mode,own,legal", [
+    (GLOBAL, GLOBAL, True, False),            # this thread captures: unsafe calls prohibited
+    (THREAD_LOCAL, GLOBAL, True, False),
+    (RELAXED, GLOBAL, True, True),            # a relaxed capture prohibits nothing
+    (GLOBAL, GLOBAL, False, False),           # another thread's global capture, this thread global
+    (GLOBAL, THREAD_LOCAL, False, True),      # ... this thread thread-local
+    (GLOBAL, RELAXED, False, True),           # ... this thread relaxed
+    (THREAD_LOCAL, GLOBAL, False, True),      # another thread's thread-local capture
+])
+def test_fake_rule_potentially_unsafe_calls_by_capture_mode(fake, kind, capture_mode, my_mode, own, legal):
+    """cuda_runtime_api.h:2536-2548 (cudaThreadExchangeStreamCaptureMode)."""
+    buffer = torch.zeros(4096, dtype=torch.uint8)
+    device_buffer = F.device_copy(torch.zeros(4096, dtype=torch.uint8))
+    stream = F.create_stream(0, False)
+    result = {}
+    if own:
+        with captured(stream, capture_mode) as cap:
+            old = F.exchange_capture_mode(my_mode)
+            result["call"] = _sync_call(kind, buffer, device_buffer)
+            F.exchange_capture_mode(old)
+        end = cap.error
+    else:
+        started, done = threading.Event(), threading.Event()
+
+        def capture_elsewhere():
+            result["begin"] = F.begin_capture(stream, capture_mode)
+            started.set()
+            done.wait(30)
+            result["end"] = F.end_capture(stream)[0]
+
+        thread = threading.Thread(target=capture_elsewhere)
+        thread.start()
+        started.wait(30)
+        old = F.exchange_capture_mode(my_mode)
+        try:
+            result["call"] = _sync_call(kind, buffer, device_buffer)
+        finally:
+            F.exchange_capture_mode(old)
+            done.set()
+            thread.join()
+        end = result["end"]
+    assert result["call"] == ("cudaSuccess" if legal else "cudaErrorStreamCaptureUnsupported")
+    assert end == ("cudaSuccess" if legal else "cudaErrorStreamCaptureInvalidated")
+    if kind == "cudaHostRegister" and legal:
+        torch.ops.kvswap._host_register(buffer, torch.device("cuda", 0), False)
+
+
+def test_fake_rule_synchronous_memcpy_lands_before_it_returns(fake):
+    data = torch.arange(64, dtype=torch.uint8)
+    dev = F.device_copy(torch.zeros(64, dtype=torch.uint8))
+    assert F.memcpy_sync(dev.data_ptr(), data.data_ptr(), 64, 1) == "cudaSuccess"
+    assert torch.equal(F.host_view(dev), data)
+    assert F.memcpy_sync(dev.data_ptr(), data.data_ptr(), 64, 2) == "cudaErrorInvalidValue"  # wrong kind
+    assert F.last_error(False) == "cudaErrorInvalidValue"
+
+
+def test_fake_rule_the_legacy_stream_while_a_blocking_stream_captures(fake):
+    """cuda_runtime_api.h:2603-2610: the legacy stream would join the capture implicitly."""
+    blocking = F.create_stream(0, True)
+    dev = F.device_copy(torch.zeros(64, dtype=torch.uint8))
+    pinned = F.pinned_copy(torch.zeros(64, dtype=torch.uint8))
+    with captured(blocking) as cap:
+        with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureImplicit"):
+            torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))  # torch's stream: legacy
+    assert cap.error == "cudaSuccess"  # asking does not invalidate
+    with captured(blocking) as cap:
+        assert F.memcpy_on(dev.data_ptr(), pinned.data_ptr(), 64, 1, 0) == "cudaErrorStreamCaptureImplicit"
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"  # using it does
+    with captured(blocking) as cap:
+        old = F.exchange_capture_mode(RELAXED)  # so that the sync itself is legal
+        assert F.synchronize(0) == "cudaErrorStreamCaptureImplicit"
+        F.exchange_capture_mode(old)
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    with captured(F.create_stream(0, False)) as cap:  # a non-blocking stream's capture: no rule
+        assert F.memcpy_on(dev.data_ptr(), pinned.data_ptr(), 64, 1, 0) == "cudaSuccess"
+    assert cap.error == "cudaSuccess"
+
+
+def test_fake_rule_batch_arrays_must_not_change_before_the_copies_run(fake):
+    stream = F.create_stream(0, False)
+    src = F.device_copy(torch.arange(128, dtype=torch.uint8))
+    dst = F.pinned_copy(torch.zeros(128, dtype=torch.uint8))
+    table = torch.tensor([[dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64],
+                          [64, 64]])
+    assert F.batch_copy(table, stream) == "cudaSuccess"
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert F.violations() == [] and torch.equal(dst, torch.arange(128, dtype=torch.uint8))
+    assert F.batch_copy(table, stream) == "cudaSuccess"
+    table[2] = 32  # the caller reuses its arrays while the copies are queued
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert F.violations() == ["cudaMemcpyBatchAsync: descriptor arrays changed before the copies ran"]
+
+
+@pytest.mark.parametrize("case,answer", [
+    ("legacy", "cudaErrorInvalidValue"),              # "Must not be legacy NULL stream"
+    ("order", "cudaErrorInvalidValue"),               # srcAccessOrder out of range
+    ("first_index", "cudaErrorInvalidValue"),         # attrsIdxs[0] must be 0
+    ("num_attrs", "cudaErrorInvalidValue"),           # numAttrs <= count
+    ("no_attrs", "cudaErrorInvalidValue"),
+    ("zero_size", "cudaErrorInvalidValue"),
+    ("outside", "cudaErrorInvalidValue"),             # a range leaving its allocation
+    ("capturing", "cudaErrorStreamCaptureUnsupported"),
+    ("invalidated", "cudaErrorStreamCaptureInvalidated"),
+])
+def test_fake_rule_batch_call_arguments(fake, case, answer):
+    """cuda_runtime_api.h:6387-6388, 6401-6403, 6426; capture: rmm#2518, cuopt#1753."""
+    stream = F.create_stream(0, False)
+    src = F.device_copy(torch.arange(128, dtype=torch.uint8))
+    dst = F.pinned_copy(torch.zeros(128, dtype=torch.uint8))
+    size = 0 if case == "zero_size" else (4096 if case == "outside" else 64)
+    table = torch.tensor([[dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64],
+                          [size, 64]])
+    kwargs = {"order": 7} if case == "order" else {"first_index": 1} if case == "first_index" else \
+        {"num_attrs": 3} if case == "num_attrs" else {"num_attrs": 0} if case == "no_attrs" else {}
+    if case in ("capturing", "invalidated"):
+        with captured(stream) as cap:
+            if case == "invalidated":
+                F.synchronize(stream)
+            assert F.batch_copy(table, stream, **kwargs) == answer
+        assert cap.error == ("cudaSuccess" if case == "capturing" else "cudaErrorStreamCaptureInvalidated")
+        return
+    assert F.batch_copy(table, 0 if case == "legacy" else stream, **kwargs) == answer
+
+
+BOGUS = 0x12345  # a stream handle the runtime never gave out
+
+
+def test_fake_rule_unknown_handles_are_invalid(fake):
+    table = torch.tensor([[0], [0], [64]])
+    assert F.synchronize(BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.begin_capture(BOGUS, GLOBAL) == "cudaErrorInvalidResourceHandle"
+    assert F.end_capture(BOGUS)[0] == "cudaErrorInvalidResourceHandle"
+    assert F.launch_graph(0, BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.memcpy_on(0, 0, 64, 1, BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.batch_copy(table, BOGUS) == "cudaErrorInvalidResourceHandle"
+    assert F.stream_capture_status(BOGUS)[0] == "cudaErrorInvalidResourceHandle"
+    assert F.launch_empty(BOGUS, 1, 1, 1) == "cudaErrorInvalidResourceHandle"
+    assert F.event_record(0, F.create_stream(0, False)) == "cudaErrorInvalidResourceHandle"
+    assert F.event_query(0) == "cudaErrorInvalidResourceHandle"
+    F.set_stream(0, BOGUS)  # torch's current stream, as the engine sees it
+    with pytest.raises(RuntimeError, match="cudaErrorInvalidResourceHandle"):
+        torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))
+    assert F.last_error(False) == "cudaSuccess"  # the engine cleared it
+
+
+def test_fake_rule_capture_begin_and_end(fake):
+    """cuda_runtime_api.h:2439-2440 (the legacy stream cannot capture), one capture per
+    stream, and cudaStreamEndCapture: not capturing, or another thread in a strict mode
+    (driver_types.h:1062-1065)."""
+    assert F.begin_capture(0, GLOBAL) == "cudaErrorStreamCaptureUnsupported"
+    stream = F.create_stream(0, False)
+    assert F.end_capture(stream)[0] == "cudaErrorIllegalState"
+    assert F.begin_capture(stream, GLOBAL) == "cudaSuccess"
+    assert F.begin_capture(stream, GLOBAL) == "cudaErrorIllegalState"
+    assert F.stream_capture_status(stream) == ("cudaSuccess", 1)  # active
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(end=F.end_capture(stream)[0]))
+    thread.start()
+    thread.join()
+    assert result["end"] == "cudaErrorStreamCaptureWrongThread"
+    err, graph = F.end_capture(stream)
+    assert err == "cudaSuccess" and graph != 0
+    relaxed = F.create_stream(0, False)  # relaxed mode: any thread may end it
+    assert F.begin_capture(relaxed, RELAXED) == "cudaSuccess"
+    thread = threading.Thread(target=lambda: result.update(end=F.end_capture(relaxed)[0]))
+    thread.start()
+    thread.join()
+    assert result["end"] == "cudaSuccess"
+
+
+def test_fake_rule_events(fake):
+    """cudaEventQuery: not ready until the stream ran past the record (stalled), an event
+    recorded in a capture is cudaErrorCapturedEvent in every mode (cuda_runtime_api.h:
+    2546-2548), an event never recorded has completed."""
+    stream = F.create_stream(0, False)
+    err, event = F.event_create()
+    assert err == "cudaSuccess"
+    assert F.event_query(event) == "cudaSuccess"  # never recorded
+    F.set_fault("stalled", 1)
+    assert F.event_record(event, stream) == "cudaSuccess"
+    assert F.event_query(event) == "cudaErrorNotReady"
+    F.set_fault("stalled", 0)
+    assert F.event_query(event) == "cudaSuccess"
+    with captured(stream) as cap:
+        assert F.event_record(event, stream) == "cudaSuccess"
+    assert cap.error == "cudaSuccess"
+    old = F.exchange_capture_mode(RELAXED)
+    assert F.event_query(event) == "cudaErrorCapturedEvent"
+    F.exchange_capture_mode(old)
+    with captured(stream) as cap:
+        assert F.event_query(F.event_create()[1]) == "cudaErrorStreamCaptureUnsupported"  # unsafe, global
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+
+
+def test_fake_rule_device_attributes(fake):
+    assert F.device_attribute(75, 0) == ("cudaSuccess", 9)   # cudaDevAttrComputeCapabilityMajor
+    assert F.device_attribute(76, 1) == ("cudaSuccess", 0)   # ... minor
+    assert F.device_attribute(75, 2)[0] == "cudaErrorInvalidDevice"  # two devices
+    assert F.device_attribute(1, 0)[0] == "cudaErrorInvalidValue"    # not modelled: refused
+    assert F.last_error(False) == "cudaErrorInvalidValue"
+
+
+def test_fake_rule_launch_configuration(fake):
+    """A launch needs a grid of at least one block in x and y, y within 65,535, one y per pair."""
+    stream = F.create_stream(0, False)
+    assert F.launch_empty(stream, 1, 1, 1) == "cudaSuccess"
+    assert F.launch_empty(stream, 0, 1, 1) == "cudaErrorInvalidConfiguration"
+    assert F.launch_empty(stream, 1, 0, 0) == "cudaErrorInvalidConfiguration"
+    assert F.launch_empty(stream, 1, 65536, 65536) == "cudaErrorInvalidConfiguration"
+    assert F.launch_empty(stream, 1, 2, 1) == "cudaErrorInvalidConfiguration"
+    assert F.synchronize(stream) == "cudaSuccess"
+
+
+def test_fake_rule_copies_by_kind_and_memory(fake):
+    """cudaMemcpyAsync: the kind must match the sides; a range leaving its allocation, or a
+    host range running into one, is invalid; default kind takes any valid memory; a copy
+    to pageable memory returns once it has landed."""
+    stream = F.create_stream(0, False)
+    dev = F.device_copy(torch.arange(256, dtype=torch.uint8))
+    other = F.device_copy(torch.zeros(256, dtype=torch.uint8))
+    pageable = torch.zeros(256, dtype=torch.uint8)
+    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 256, 2, stream) == "cudaErrorInvalidValue"  # D2H
+    assert F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 3, stream) == "cudaErrorInvalidValue"  # D2D
+    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 512, 3, stream) == "cudaErrorInvalidValue"  # leaves it
+    assert F.memcpy_on(pageable.data_ptr(), dev.data_ptr() - 16, 64, 4, stream) == "cudaErrorInvalidValue"
+    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 256, 4, stream) == "cudaSuccess"  # default kind
+    assert F.memcpy_on(pageable.data_ptr(), other.data_ptr(), 256, 2, stream) == "cudaSuccess"
+    assert torch.equal(pageable, torch.arange(256, dtype=torch.uint8))  # landed before it returned
+    with captured(stream) as cap:
+        assert F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 1, stream) == \
+            "cudaErrorStreamCaptureUnsupported"  # pageable memory under capture
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+
+
+def test_fake_rule_host_registration(fake):
+    """cudaHostRegister: a null or empty range is invalid, memory already pinned is
+    cudaErrorHostMemoryAlreadyRegistered; both are potentially unsafe under capture."""
+    buffer = torch.zeros(4096, dtype=torch.uint8)
+    assert F.host_register_raw(0, 4096, True) == "cudaErrorInvalidValue"
+    assert F.host_register_raw(buffer.data_ptr(), 0, True) == "cudaErrorInvalidValue"
+    assert F.host_register_raw(buffer.data_ptr(), 4096, True) == "cudaSuccess"
+    assert F.host_register_raw(buffer.data_ptr(), 4096, True) == "cudaErrorHostMemoryAlreadyRegistered"
+    with captured(F.create_stream(0, False)) as cap:
+        assert F.host_register_raw(buffer.data_ptr(), 4096, False) == "cudaErrorStreamCaptureUnsupported"
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    assert F.host_register_raw(buffer.data_ptr(), 4096, False) == "cudaSuccess"
+    dev = F.device_copy(torch.zeros(4))
+    assert F.pointer_query(dev.data_ptr()) == "cudaSuccess"  # device memory
+
+
+def test_fake_rule_per_thread_stream_takes_the_batch_path(fake):
+    """cudaStreamPerThread is not the legacy stream: the batch API takes it."""
+    F.set_stream(0, 2)  # cudaStreamPerThread
+    src = caches(4096, 4, "pinned", pairs=1, seed=47)
+    dst = caches(4096, 4, "device", pairs=1, seed=48)
+    want = expected(src, dst, [1], [2])
+    torch_kvswap.set_copy_method("dma")
+    torch_kvswap.swap_blocks(src, dst, torch.tensor([1]), torch.tensor([2]))
+    assert F.count_calls("cudaMemcpyBatchAsync") == 1
+    assert F.synchronize(2) == "cudaSuccess"
+    assert torch.equal(host_bytes(dst[0]), want[0])
+
+
+def test_fake_error_names_and_the_no_op_table(fake):
+    F.set_fault("batch_error", 999)  # an error the fake does not name
+    F.set_stream(0, F.create_stream(0, False))
+    src = caches(4096, 4, "pinned", pairs=1)
+    dst = caches(4096, 4, "device", pairs=1)
+    torch_kvswap.set_copy_method("dma")
+    with pytest.raises(RuntimeError, match=r"cudaErrorUnknown\(fake\)"):
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+    assert F.noop_calls() == 0

@@ -276,16 +276,21 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
       choose_path(route, src_caches, dst_caches, src_block_ids, dst_block_ids) == Path::kKernel) {
     swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs,
                           route.device);
+    // The kernel reads or writes the mapped host caches when it runs.
+    record_host_use(src_caches, dst_caches, route.device);
     return;
   }
-  // Ascend (PrivateUse1): host caches must be pinned, and the pinned
-  // allocator learns the copies' stream (validation.cpp, engines.cpp).
+  // Ascend (PrivateUse1): host caches must be pinned (validation.cpp). On
+  // Ascend and CUDA the pinned allocator learns the copies' stream
+  // (engines.cpp), so that a pinned host tensor freed while its copy is
+  // queued is not handed out again before the copy has run.
   const auto descriptors = describe_block_copy(route, src_block_ids, dst_block_ids);
   if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   const bool ascend = route.device.type() == c10::DeviceType::PrivateUse1;
   if (ascend) check_host_caches_pinned(src_caches, dst_caches, route.device);
   submit(descriptors, route.direction, route.device);
   if (ascend) record_host_use(src_caches, dst_caches, route.device);
+  if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList src_caches,

@@ -42,12 +42,22 @@ struct KernelPair {
 constexpr int kCopyThreads = 256;
 // Bytes one thread block copies per work item: 256 threads x 16 B x 4.
 constexpr int64_t kSliceBytes = 16 * 1024;
-// The parameter blob holds the launch's pairs, then its inline ids. The
-// whole struct stays under the 4 KiB kernel-parameter limit that every
-// architecture and driver accepts.
-constexpr int kParamBlobBytes = 3968;
+// The parameter blob holds the launch's pairs, then its inline ids. Two
+// sizes: one under the 4 KiB of kernel parameters that every architecture,
+// runtime and driver accepts, and one under the 32,764 bytes that CUDA 12.1+
+// accepts on Volta (sm_70) and newer ("CUDA 12.1 increases this parameter
+// limit from 4,096 bytes to 32,764 bytes on all device architectures
+// including NVIDIA Volta and above", NVIDIA technical blog "CUDA 12.1
+// Supports Large Kernel Parameters"; CUDA C++ Programming Guide, "Function
+// Parameters"). The engine picks one per device at run time.
+constexpr int kSmallBlobBytes = 3968;
+constexpr int kLargeBlobBytes = 32704;
+constexpr int kSmallParamLimit = 4096;
+constexpr int kLargeParamLimit = 32764;
 
-struct CopyParams {
+template <int kBlobBytes>
+struct CopyParamsN {
+  static constexpr int kBlob = kBlobBytes;
   const int64_t* src_ids;  // in device memory; null: inline in blob
   const int64_t* dst_ids;  // in device memory; null: inline in blob
   int64_t n;               // id pairs of this launch
@@ -56,24 +66,31 @@ struct CopyParams {
   int32_t reserved;
   // num_pairs KernelPair, then the inline src ids (int32, n of them, when
   // src_ids is null), then the inline dst ids (likewise).
-  alignas(16) unsigned char blob[kParamBlobBytes];
+  alignas(16) unsigned char blob[kBlobBytes];
 };
-static_assert(sizeof(CopyParams) <= 4096, "kernel parameters must fit in 4 KiB");
+using CopyParams = CopyParamsN<kSmallBlobBytes>;
+using CopyParamsLarge = CopyParamsN<kLargeBlobBytes>;
+static_assert(sizeof(CopyParams) <= kSmallParamLimit, "kernel parameters must fit in 4 KiB");
+static_assert(sizeof(CopyParamsLarge) <= kLargeParamLimit, "large kernel parameters must fit in 32,764 bytes");
 static_assert(sizeof(KernelPair) % 8 == 0, "inline ids follow the pairs aligned");
 
-KVSWAP_HD const KernelPair& pair_at(const CopyParams& p, int i) {
+template <class P>
+KVSWAP_HD const KernelPair& pair_at(const P& p, int i) {
   return reinterpret_cast<const KernelPair*>(p.blob)[i];
 }
 
-KVSWAP_HD const int32_t* inline_ids(const CopyParams& p) {
+template <class P>
+KVSWAP_HD const int32_t* inline_ids(const P& p) {
   return reinterpret_cast<const int32_t*>(p.blob + static_cast<size_t>(p.num_pairs) * sizeof(KernelPair));
 }
 
-KVSWAP_HD int64_t src_id(const CopyParams& p, int64_t j) {
+template <class P>
+KVSWAP_HD int64_t src_id(const P& p, int64_t j) {
   return p.src_ids != nullptr ? p.src_ids[j] : inline_ids(p)[j];
 }
 
-KVSWAP_HD int64_t dst_id(const CopyParams& p, int64_t j) {
+template <class P>
+KVSWAP_HD int64_t dst_id(const P& p, int64_t j) {
   if (p.dst_ids != nullptr) return p.dst_ids[j];
   return inline_ids(p)[(p.src_ids == nullptr ? p.n : 0) + j];
 }
@@ -151,7 +168,8 @@ KVSWAP_HD void copy_bytes(const char* from, char* to, int64_t bytes, int tid, in
 }
 
 // Work item `item` of pair `pair`, as thread `tid` of `nthreads` sees it.
-KVSWAP_HD void copy_item(const CopyParams& p, int pair, int64_t item, int tid, int nthreads) {
+template <class P>
+KVSWAP_HD void copy_item(const P& p, int pair, int64_t item, int tid, int nthreads) {
   const KernelPair& q = pair_at(p, pair);
   const int64_t j = item / p.slices;
   const int64_t begin = (item % p.slices) * kSliceBytes;
@@ -165,7 +183,8 @@ KVSWAP_HD void copy_item(const CopyParams& p, int pair, int64_t item, int tid, i
 }
 
 // Work items of a launch.
-KVSWAP_HD int64_t work_items(const CopyParams& p) { return p.n * p.slices; }
+template <class P>
+KVSWAP_HD int64_t work_items(const P& p) { return p.n * p.slices; }
 
 }  // namespace cuda
 }  // namespace kvswap

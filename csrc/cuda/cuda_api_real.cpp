@@ -26,6 +26,9 @@ namespace cuda {
 // copy_kernel.cu
 cudaError_t launch_copy_kernel(const CopyParams* params, unsigned grid_x, unsigned grid_y,
                                cudaStream_t stream);
+cudaError_t launch_copy_kernel_large(const CopyParamsLarge* params, unsigned grid_x, unsigned grid_y,
+                                     cudaStream_t stream);
+bool large_params_built();
 
 namespace {
 
@@ -96,7 +99,9 @@ const CudaApi& real_api() {
     t.pointer_get_attributes = &cudaPointerGetAttributes;
     t.host_register = &cudaHostRegister;
     t.host_unregister = &cudaHostUnregister;
+    t.device_get_attribute = &cudaDeviceGetAttribute;
     t.launch_copy = &launch_copy_kernel;
+    t.launch_copy_large = large_params_built() ? &launch_copy_kernel_large : nullptr;
     return t;
   }();
   return table;

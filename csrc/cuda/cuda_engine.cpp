@@ -29,7 +29,11 @@
 // Descriptor lifetime: the batch path reads the core's descriptor table in
 // place; the header does not say when the runtime reads the arrays, so the
 // table tensors and the attrs entry are held by `in_flight()` until an event
-// recorded after the submission has completed.
+// recorded after the submission has completed, whatever fails after the
+// submission (engine_common.h, InFlightArrays::hold).
+//
+// Kernel parameters: 32,764 bytes where the build, runtime, driver and
+// device allow it, 4 KiB otherwise (param_limit below, copy_kernel.h).
 #include "cuda_engine.h"
 
 #include <ATen/core/Tensor.h>
@@ -129,12 +133,18 @@ bool is_legacy(cudaStream_t stream) { return stream == nullptr || stream == cuda
 struct TableRuntime {
   using Event = cudaEvent_t;
   using Stream = cudaStream_t;
+  // Both run after a batch was queued: the copies will run all the same, and
+  // the error says so.
   static Event create_event() {
     cudaEvent_t event = nullptr;
-    KVSWAP_CUDA_CHECK(api().event_create_with_flags(&event, cudaEventDisableTiming));
+    KVSWAP_CUDA_CHECK(api().event_create_with_flags(&event, cudaEventDisableTiming), kQueuedAnyway);
     return event;
   }
-  static void record(Event event, Stream stream) { KVSWAP_CUDA_CHECK(api().event_record(event, stream)); }
+  static void record(Event event, Stream stream) {
+    KVSWAP_CUDA_CHECK(api().event_record(event, stream), kQueuedAnyway);
+  }
+  static constexpr const char* kQueuedAnyway =
+      "The batch copy was queued before this failed and will run; its descriptors stay held";
   // cudaEventQuery is one of the "potentially unsafe API calls" that a
   // thread may not make while any other thread captures in global mode; it
   // would fail and invalidate that capture (cuda_runtime_api.h:2536-2544,
@@ -166,10 +176,15 @@ InFlightArrays<TableRuntime>& in_flight(int device) {
 
 constexpr int kBatchMinVersion = 12080;  // cudaMemcpyBatchAsync is new in CUDA 12.8
 
+// What the engine learns about the runtime on first use; reset by
+// set_cuda_api.
 struct BatchState {
   std::once_flag resolved;
   bool usable = false;  // runtime and driver both recent enough, entry present
   std::array<std::atomic<bool>, kMaxDevices> off{};
+  // Kernel parameter block per device: 0 not asked yet, else its limit in
+  // bytes (kSmallParamLimit or kLargeParamLimit).
+  std::array<std::atomic<int>, kMaxDevices> param_limit{};
 };
 
 std::unique_ptr<BatchState>& batch_state_slot() {
@@ -313,21 +328,95 @@ struct LaunchShape {
   int64_t ids_per_launch;
 };
 
-LaunchShape launch_shape(int64_t pairs, int64_t n, int inline_sides) {
+LaunchShape launch_shape(int64_t pairs, int64_t n, int inline_sides, int64_t blob) {
   constexpr int64_t kPair = static_cast<int64_t>(sizeof(KernelPair));
-  constexpr int64_t kBlob = kParamBlobBytes;
-  if (inline_sides == 0) return {std::min(pairs, kBlob / kPair), n};
+  if (inline_sides == 0) return {std::min(pairs, blob / kPair), n};
   const int64_t per_id = 4 * inline_sides;  // int32 per inline side
-  // Up to 16 pairs keep room for 384 ids per launch; fewer ids leave the
-  // rest of the blob to pairs.
-  const int64_t ids = std::min(n, (kBlob - std::min<int64_t>(pairs, 16) * kPair) / per_id);
-  return {std::min(pairs, (kBlob - ids * per_id) / kPair), ids};
+  // Up to 16 pairs keep room for ids (384 per launch in 4 KiB, 3,976 in
+  // 32 KiB); fewer ids leave the rest of the blob to pairs.
+  const int64_t ids = std::min(n, (blob - std::min<int64_t>(pairs, 16) * kPair) / per_id);
+  return {std::min(pairs, (blob - ids * per_id) / kPair), ids};
 }
 
 // Grid x: enough thread blocks for every work item, capped; the kernel
 // strides over the rest.
 unsigned grid_x_for(int64_t items) {
   return static_cast<unsigned>(std::min<int64_t>(items, int64_t{1} << 20));
+}
+
+constexpr int kLargeParamsMinVersion = 12010;  // large kernel parameters are new in CUDA 12.1
+constexpr int kLargeParamsMinMajor = 7;        // ... on Volta (sm_70) and newer
+
+// The kernel parameter block for `device`, asked once per device: 32,764
+// bytes where the build has the large kernel, the runtime and the driver are
+// both 12.1 or newer (an older driver refuses the launch) and the device is
+// sm_70 or newer (the limit stays 4 KiB below Volta); 4 KiB otherwise
+// (copy_kernel.h cites the sources). Plain queries, legal under capture.
+int param_limit(int device) {
+  std::atomic<int>& slot = batch_state().param_limit[static_cast<size_t>(device)];
+  int limit = slot.load(std::memory_order_relaxed);
+  if (limit != 0) return limit;
+  const CudaApi& a = api();
+  bool large = false;
+  if (a.launch_copy_large != nullptr) {
+    int runtime = 0;
+    int driver = 0;
+    int major = 0;
+    const cudaError_t r = a.runtime_get_version(&runtime);
+    const cudaError_t d = a.driver_get_version(&driver);
+    const cudaError_t c = a.device_get_attribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (r != cudaSuccess || d != cudaSuccess || c != cudaSuccess) clear_last_error();
+    large = r == cudaSuccess && d == cudaSuccess && c == cudaSuccess && runtime >= kLargeParamsMinVersion &&
+            driver >= kLargeParamsMinVersion && major >= kLargeParamsMinMajor;
+  }
+  limit = large ? kLargeParamLimit : kSmallParamLimit;
+  slot.store(limit, std::memory_order_relaxed);
+  return limit;
+}
+
+// What every launch of one call shares.
+struct KernelCall {
+  const std::vector<KernelPair>& pairs;
+  const int64_t* sid_host;
+  const int64_t* did_host;
+  const int64_t* sid_dev;
+  const int64_t* did_dev;
+  int64_t n;
+  int64_t slices;
+  cudaStream_t stream;
+};
+
+// Splits the call over launches of parameter block P: ids in chunks, and
+// within a chunk pairs in chunks, as many as the blob holds.
+template <class P>
+void launch_all(const KernelCall& c, P& params,
+                cudaError_t (*launch)(const P*, unsigned, unsigned, cudaStream_t)) {
+  const int64_t num_pairs = static_cast<int64_t>(c.pairs.size());
+  const LaunchShape shape =
+      launch_shape(num_pairs, c.n, int(c.sid_host != nullptr) + int(c.did_host != nullptr), P::kBlob);
+  for (int64_t first_id = 0; first_id < c.n; first_id += shape.ids_per_launch) {
+    const int64_t count = std::min(shape.ids_per_launch, c.n - first_id);
+    for (int64_t first_pair = 0; first_pair < num_pairs; first_pair += shape.pairs_per_launch) {
+      const int64_t np = std::min(shape.pairs_per_launch, num_pairs - first_pair);
+      params.src_ids = c.sid_dev != nullptr ? c.sid_dev + first_id : nullptr;
+      params.dst_ids = c.did_dev != nullptr ? c.did_dev + first_id : nullptr;
+      params.n = count;
+      params.slices = c.slices;
+      params.num_pairs = static_cast<int32_t>(np);
+      params.reserved = 0;
+      std::copy_n(c.pairs.begin() + first_pair, np, reinterpret_cast<KernelPair*>(params.blob));
+      auto* ids = reinterpret_cast<int32_t*>(params.blob + np * static_cast<int64_t>(sizeof(KernelPair)));
+      if (c.sid_host != nullptr) {
+        for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(c.sid_host[first_id + j]);
+      }
+      if (c.did_host != nullptr) {
+        for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(c.did_host[first_id + j]);
+      }
+      KVSWAP_CUDA_CHECK(launch(&params, grid_x_for(count * c.slices), static_cast<unsigned>(np), c.stream),
+                        "launching the block copy kernel (", sizeof(P), "-byte parameters) for ids ", first_id,
+                        "..", first_id + count - 1, " of pairs ", first_pair, "..", first_pair + np - 1);
+    }
+  }
 }
 
 }  // namespace
@@ -377,39 +466,23 @@ void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_cache
   }
   if (n == 0 || pairs.empty()) return;
 
-  const int64_t* sid_host = src_inline ? src_block_ids.const_data_ptr<int64_t>() : nullptr;
-  const int64_t* did_host = dst_inline ? dst_block_ids.const_data_ptr<int64_t>() : nullptr;
-  const int64_t* sid_dev = src_inline ? nullptr : src_block_ids.const_data_ptr<int64_t>();
-  const int64_t* did_dev = dst_inline ? nullptr : dst_block_ids.const_data_ptr<int64_t>();
-  const LaunchShape shape =
-      launch_shape(static_cast<int64_t>(pairs.size()), n, int(src_inline) + int(dst_inline));
-
   DeviceScope scope(index);
-  const cudaStream_t stream = api().current_stream(index);
-  CopyParams params;
-  for (int64_t first_id = 0; first_id < n; first_id += shape.ids_per_launch) {
-    const int64_t count = std::min(shape.ids_per_launch, n - first_id);
-    for (int64_t first_pair = 0; first_pair < static_cast<int64_t>(pairs.size());
-         first_pair += shape.pairs_per_launch) {
-      const int64_t np = std::min(shape.pairs_per_launch, static_cast<int64_t>(pairs.size()) - first_pair);
-      params.src_ids = sid_dev != nullptr ? sid_dev + first_id : nullptr;
-      params.dst_ids = did_dev != nullptr ? did_dev + first_id : nullptr;
-      params.n = count;
-      params.slices = slices;
-      params.num_pairs = static_cast<int32_t>(np);
-      params.reserved = 0;
-      std::copy_n(pairs.begin() + first_pair, np, reinterpret_cast<KernelPair*>(params.blob));
-      auto* ids = reinterpret_cast<int32_t*>(params.blob + np * static_cast<int64_t>(sizeof(KernelPair)));
-      if (sid_host != nullptr) {
-        for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(sid_host[first_id + j]);
-      }
-      if (did_host != nullptr) {
-        for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(did_host[first_id + j]);
-      }
-      KVSWAP_CUDA_CHECK(api().launch_copy(&params, grid_x_for(count * slices), static_cast<unsigned>(np), stream),
-                        "launching the block copy kernel for ids ", first_id, "..", first_id + count - 1,
-                        " of pairs ", first_pair, "..", first_pair + np - 1);
-    }
+  const KernelCall call{pairs,
+                        src_inline ? src_block_ids.const_data_ptr<int64_t>() : nullptr,
+                        dst_inline ? dst_block_ids.const_data_ptr<int64_t>() : nullptr,
+                        src_inline ? nullptr : src_block_ids.const_data_ptr<int64_t>(),
+                        dst_inline ? nullptr : dst_block_ids.const_data_ptr<int64_t>(),
+                        n,
+                        slices,
+                        api().current_stream(index)};
+  if (param_limit(index) == kLargeParamLimit) {
+    // 32 KiB is too much for the stack of every thread that may call here.
+    thread_local std::unique_ptr<CopyParamsLarge> large;
+    if (!large) large = std::make_unique<CopyParamsLarge>();
+    launch_all(call, *large, api().launch_copy_large);
+  } else {
+    CopyParams params;
+    launch_all(call, params, api().launch_copy);
   }
 }
 
@@ -456,10 +529,15 @@ bool host_mapped_cuda(at::TensorList tensors, c10::Device device) {
     if (!relaxed) relaxed.emplace();
     cudaPointerAttributes attrs{};
     const cudaError_t err = api().pointer_get_attributes(&attrs, base);
-    if (err != cudaSuccess) {
+    // cudaErrorInvalidValue: memory the runtime does not know (before CUDA
+    // 11.0 the answer for pageable memory, cuda_runtime_api.h:8389-8393). Anything else is a failure
+    // of its own (a sticky error, say), not an answer about the memory.
+    if (err == cudaErrorInvalidValue) {
       clear_last_error();
       return false;
     }
+    KVSWAP_CUDA_CHECK_NAMED(err, "cudaPointerGetAttributes", "asking whether host memory at ", base,
+                            " is mapped for ", device);
     if (attrs.type != cudaMemoryTypeHost || attrs.devicePointer != base) return false;
   }
   return true;
@@ -480,11 +558,14 @@ void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin) 
 void set_cuda_api(const CudaApi* table) {
   g_api = table;
   batch_state_slot() = std::make_unique<BatchState>();
+  for (int d = 0; d < kMaxDevices; ++d) in_flight(d).clear();
 }
 
 size_t batches_in_flight(int device) { return in_flight(device).held(); }
 
 bool batch_api_enabled(int device) { return batch_enabled(device); }
+
+int kernel_param_bytes(int device) { return param_limit(device); }
 
 void register_cuda_engine(torch::Library& m) {
   m.impl("_submit", &submit_cuda);

@@ -52,14 +52,21 @@ struct CudaApi {
   cudaError_t (*pointer_get_attributes)(cudaPointerAttributes*, const void*);
   cudaError_t (*host_register)(void*, size_t, unsigned int);
   cudaError_t (*host_unregister)(void*);
+  cudaError_t (*device_get_attribute)(int*, cudaDeviceAttr, int);
 
   // Launches copy_blocks_kernel (copy_kernel.cu) with kCopyThreads threads.
   cudaError_t (*launch_copy)(const CopyParams* params, unsigned grid_x, unsigned grid_y,
                              cudaStream_t stream);
+  // The same kernel with the 32,764-byte parameter block (copy_kernel.h);
+  // null when the build has none (a toolkit before 12.1, or device code for
+  // an architecture before sm_70).
+  cudaError_t (*launch_copy_large)(const CopyParamsLarge* params, unsigned grid_x, unsigned grid_y,
+                                   cudaStream_t stream);
 };
 
 // Binds the engine to a runtime table (kept, not copied). Rebinding resets
-// the engine's per-process state (batch API resolution and latches).
+// the engine's per-process state (batch API resolution and latches, kernel
+// parameter sizes, descriptor tables held in flight).
 void set_cuda_api(const CudaApi* api);
 
 // Registers the engine's kernels (`_submit`, `_swap_blocks_kernel`,
@@ -77,9 +84,11 @@ bool host_mapped_cuda(at::TensorList tensors, c10::Device device);
 void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin);
 
 // For tests: batches whose descriptor arrays the engine still holds on a
-// device, and whether the batch API is in use there.
+// device, whether the batch API is in use there, and the size of the kernel
+// parameter block the engine launches with there.
 size_t batches_in_flight(int device);
 bool batch_api_enabled(int device);
+int kernel_param_bytes(int device);
 
 }  // namespace cuda
 }  // namespace kvswap

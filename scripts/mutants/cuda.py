@@ -114,4 +114,161 @@ MUTANTS = [
         tests=[FAKE + "::test_capture_and_replay"],
         why="capture: without the CUDA engine's answer the core never knows a capture is on",
     ),
+    # --- descriptor tables held until the copy is known finished ---
+    dict(
+        name="cuda-inflight-released-when-record-fails",
+        file="csrc/engine_common.h",
+        find="      free_.push_back(event);\n      throw;",
+        replace="      free_.push_back(event);\n      live_.pop_back();\n      throw;",
+        tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
+        why="a batch whose event could not be recorded is released while its copy is queued; the "
+            "pool hands its descriptor table to the next call",
+    ),
+    dict(
+        name="cuda-inflight-held-after-the-event",
+        file="csrc/engine_common.h",
+        find="    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});\n"
+             "    Entry& entry = live_.back();  // deque: push_back keeps references valid\n"
+             "    const Event event = free_.empty() ? Runtime::create_event() : take_free();",
+        replace="    const Event event = free_.empty() ? Runtime::create_event() : take_free();\n"
+                "    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});\n"
+                "    Entry& entry = live_.back();",
+        tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
+        why="a failed cudaEventCreateWithFlags after a queued batch releases its descriptor table",
+    ),
+    dict(
+        name="cuda-inflight-polled-before-held",
+        file="csrc/engine_common.h",
+        find="    std::lock_guard<std::mutex> lock(mutex_);\n    live_.push_back(",
+        replace="    std::lock_guard<std::mutex> lock(mutex_);\n    retire_locked(live_.size());\n    live_.push_back(",
+        tests=[FAKE + "::test_a_batch_stays_held_when_polling_earlier_batches_fails"],
+        why="a failed poll of earlier batches, before the queued batch is held, releases its table",
+    ),
+    dict(
+        name="cuda-inflight-eventless-never-retired",
+        file="csrc/engine_common.h",
+        find="        done = std::find(finished.begin(), finished.end(), it->stream) != finished.end();",
+        replace="        done = false;",
+        tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
+        why="a batch without an event is held for ever, though a later event of its stream completed",
+    ),
+    # --- pinned host tensors: the allocator learns the copy's stream ---
+    dict(
+        name="cuda-pinned-use-not-recorded-dma",
+        file="csrc/core/routing.cpp",
+        find="  if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);\n",
+        replace="",
+        tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
+        why="a pinned tensor freed after a queued DMA copy is handed out again before the copy ran",
+    ),
+    dict(
+        name="cuda-pinned-use-not-recorded-kernel",
+        file="csrc/core/routing.cpp",
+        find="    // The kernel reads or writes the mapped host caches when it runs.\n"
+             "    record_host_use(src_caches, dst_caches, route.device);\n",
+        replace="",
+        tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
+        why="a pinned tensor freed after a queued kernel is handed out again before the kernel ran",
+    ),
+    # --- the pointer query under capture ---
+    dict(
+        name="cuda-pointer-query-in-global-mode",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="    if (!relaxed) relaxed.emplace();\n",
+        replace="",
+        tests=[FAKE + "::test_the_pointer_query_is_safe_under_capture_either_way"],
+        why="where cudaPointerGetAttributes is a potentially unsafe call, asking it in global mode "
+            "during capture fails and invalidates the capture",
+    ),
+    dict(
+        name="cuda-pointer-query-errors-read-as-unmapped",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="    if (err == cudaErrorInvalidValue) {\n      clear_last_error();\n      return false;\n    }",
+        replace="    if (err != cudaSuccess) {\n      clear_last_error();\n      return false;\n    }",
+        tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
+        why="a sticky error from the pointer query reads as 'not mapped' and the message blames the "
+            "caller's memory",
+    ),
+    # --- kernel parameters ---
+    dict(
+        name="cuda-small-params-only",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="  if (param_limit(index) == kLargeParamLimit) {",
+        replace="  if (false) {",
+        tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
+        why="4 KiB of kernel parameters everywhere: 9 launches for 4,096 host ids where 2 do",
+    ),
+    dict(
+        name="cuda-large-params-ignore-driver",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="            driver >= kLargeParamsMinVersion && major >= kLargeParamsMinMajor;",
+        replace="            major >= kLargeParamsMinMajor;",
+        tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
+        why="large parameters under a driver before 12.1: the launch fails (not supported)",
+    ),
+    dict(
+        name="cuda-large-params-ignore-runtime",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="runtime >= kLargeParamsMinVersion &&\n",
+        replace="true &&\n",
+        tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
+        why="large parameters under a runtime before 12.1: the launch fails",
+    ),
+    dict(
+        name="cuda-large-params-ignore-architecture",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="major >= kLargeParamsMinMajor;",
+        replace="true;",
+        tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
+        why="large parameters on a device before sm_70, where the limit stays 4 KiB",
+    ),
+    # --- the fake's rules ---
+    dict(
+        name="fake-cuda-sticky-error-cleared",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  t_last_error = world().sticky;",
+        replace="  t_last_error = cudaSuccess;",
+        tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
+        why="the fake lets cudaGetLastError clear a sticky error (driver_types.h:771-772)",
+    ),
+    dict(
+        name="fake-cuda-sticky-error-not-answered",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="    if (world().sticky != cudaSuccess) return note(api, stream, world().sticky); \\",
+        replace="    if (false) return note(api, stream, world().sticky); \\",
+        tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
+        why="after a sticky error the fake's calls succeed, where CUDA answers the error",
+    ),
+    dict(
+        name="fake-cuda-invalidated-capture-records",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="    if (s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;\n",
+        replace="",
+        tests=[FAKE + "::test_an_invalidated_capture_answers_901_to_further_work"],
+        why="an invalidated capture keeps recording work; CUDA answers 901 (driver_types.h:1019-1022)",
+    ),
+    dict(
+        name="fake-cuda-pointer-query-always-legal",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  if (w.faults.pointer_query_unsafe && unsafe_prohibited()) {",
+        replace="  if (false) {",
+        tests=[FAKE + "::test_the_fake_refuses_the_pointer_query_under_global_capture_in_that_mode"],
+        why="the fake's mode where the pointer query is a potentially unsafe call does nothing",
+    ),
+    dict(
+        name="fake-cuda-param-limit-unenforced",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  return large ? cudaSuccess : cudaErrorNotSupported;",
+        replace="  return cudaSuccess;",
+        tests=[FAKE + "::test_the_fake_enforces_the_parameter_limit"],
+        why="the fake launches more than 4 KiB of parameters on an old driver or a pre-Volta device",
+    ),
+    dict(
+        name="fake-cuda-pinned-block-reused-at-once",
+        file="tests/fake_cuda/fake_cuda_module.cpp",
+        find="      for (const auto& [s, at] : b.uses) idle = idle && fake_cuda::stream_reached(s, at);\n",
+        replace="",
+        tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
+        why="the fake pinned allocator ignores recorded streams, so no engine could be caught",
+    ),
 ]

@@ -12,10 +12,24 @@
 // the fake's capture rules. "CUDA" tensors are fake device memory wrapped
 // with at::from_blob and a CUDA device.
 #include <ATen/ATen.h>
+// GCC warns that the header's alignas(hardware_destructive_interference_size)
+// may change between compilers; only the allocator's interface is used.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winterference-size"
+#endif
+#include <ATen/core/CachingHostAllocator.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -72,8 +86,108 @@ at::Tensor fake_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dt
   return out;
 }
 
+// --- torch's CUDA device guard and pinned host allocator, as the core uses them ---
+
+// The core asks the guard for the current stream of a device (to tell the
+// pinned allocator which stream uses a host block): torch's current stream
+// here is the fake runtime's (fake_cuda::current_stream).
+struct FakeGuard final : c10::impl::DeviceGuardImplInterface {
+  static thread_local c10::DeviceIndex device;
+  c10::DeviceType type() const override { return c10::kCUDA; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old(c10::kCUDA, device);
+    device = d.index();
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(c10::kCUDA, device); }
+  void setDevice(c10::Device d) const override { device = d.index(); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { device = d.index(); }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::UNSAFE, d,
+                       static_cast<c10::StreamId>(reinterpret_cast<intptr_t>(fake_cuda::current_stream(d.index()))));
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    const c10::Stream old = getStream(s.device());
+    fake_cuda::set_current_stream(s.device_index(), reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(s.id())));
+    return old;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 2; }
+};
+thread_local c10::DeviceIndex FakeGuard::device = 0;
+FakeGuard g_guard;
+
+// What torch's pinned host allocator does for tensor.pin_memory(): a freed
+// block is handed out again only once every stream it was recorded on
+// (record_event) has run past the recording; a block freed without a record
+// is handed out at once, so a copy still queued reads its next owner's data.
+struct FakePinnedAllocator final : at::HostAllocator {
+  struct Block {
+    size_t bytes;
+    std::vector<std::pair<cudaStream_t, uint64_t>> uses;
+  };
+  std::mutex mu;
+  std::map<void*, Block> blocks;
+  std::vector<void*> free_list;
+  int64_t recorded = 0;
+
+  static void deleter(void* ctx);
+
+  at::DataPtr allocate(size_t n) override {
+    std::lock_guard<std::mutex> lock(mu);
+    const size_t bytes = (std::max<size_t>(n, 1) + 4095) / 4096 * 4096;
+    for (auto it = free_list.begin(); it != free_list.end(); ++it) {
+      Block& b = blocks.at(*it);
+      bool idle = b.bytes == bytes;
+      for (const auto& [s, at] : b.uses) idle = idle && fake_cuda::stream_reached(s, at);
+      if (idle) {
+        void* p = *it;
+        free_list.erase(it);
+        b.uses.clear();
+        return {p, p, &deleter, c10::Device(c10::kCPU)};
+      }
+    }
+    void* p = fake_cuda::host_alloc(bytes);
+    blocks[p] = Block{bytes, {}};
+    return {p, p, &deleter, c10::Device(c10::kCPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &deleter; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  bool record_event(void* ptr, void* ctx, c10::Stream stream) override {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = blocks.find(ctx);
+    if (it == blocks.end()) return false;
+    const auto s = reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(stream.id()));
+    it->second.uses.emplace_back(s, fake_cuda::stream_position(s));
+    ++recorded;
+    return true;
+  }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+};
+FakePinnedAllocator g_pinned;
+
+void FakePinnedAllocator::deleter(void* ctx) {
+  std::lock_guard<std::mutex> lock(g_pinned.mu);
+  g_pinned.free_list.push_back(ctx);
+}
+
+// A pinned host tensor from the fake allocator (tensor.pin_memory()'s kind).
+at::Tensor pinned_empty(at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  const auto bytes = static_cast<size_t>(n);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, g_pinned.allocate(bytes), nullptr, false);
+  return at::empty({0}, at::kByte).set_(storage, 0, shape, c10::contiguous_strides(shape));
+}
+
 void install() {
   if (g_engine_lib) return;
+  c10::impl::registerDeviceGuard(c10::kCUDA, &g_guard);
+  at::setHostAllocator(c10::kCUDA, &g_pinned, 255);
   fake_cuda::reset(2);
   kvswap::cuda::set_cuda_api(fake_cuda::fake_table());
   g_engine_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "kvswap", c10::DispatchKey::CUDA,
@@ -95,6 +209,9 @@ void install() {
 void uninstall() {
   g_engine_lib.reset();
   g_aten_lib.reset();
+  // The rest of the suite sees a CPU-only torch again.
+  at::setHostAllocator(c10::kCUDA, nullptr, 255);
+  c10::impl::registerDeviceGuard(c10::kCUDA, nullptr);
 }
 
 void reset(int64_t devices) {
@@ -184,11 +301,127 @@ void set_fault(c10::string_view name, int64_t value) {
     f.stalled = value != 0;
   } else if (name == "scribble_arrays") {
     f.scribble_arrays = value != 0;
+  } else if (name == "compute_major") {
+    f.compute_major = static_cast<int>(value);
+  } else if (name == "large_params_absent") {
+    f.large_params_absent = value != 0;
+  } else if (name == "pointer_query_unsafe") {
+    f.pointer_query_unsafe = value != 0;
   } else if (name.substr(0, 5) == "fail:") {
     f.fail[std::string(name.substr(5))] = err;
   } else {
     TORCH_CHECK_VALUE(false, "unknown fault ", name);
   }
+}
+
+// Direct runtime calls, for tests of the fake's own rules.
+std::string pointer_query(int64_t ptr) {
+  cudaPointerAttributes attrs{};
+  return fake_cuda::error_name(fake_cuda::fake_table()->pointer_get_attributes(&attrs, reinterpret_cast<void*>(ptr)));
+}
+
+std::string memcpy_sync(int64_t dst, int64_t src, int64_t bytes, int64_t kind) {
+  return fake_cuda::error_name(fake_cuda::memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src),
+                                                      static_cast<size_t>(bytes), static_cast<cudaMemcpyKind>(kind)));
+}
+
+std::string memcpy_on(int64_t dst, int64_t src, int64_t bytes, int64_t kind, int64_t stream) {
+  return fake_cuda::error_name(fake_cuda::memcpy_async(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src),
+                                                       static_cast<size_t>(bytes), static_cast<cudaMemcpyKind>(kind),
+                                                       as_stream(stream)));
+}
+
+// cudaMemcpyBatchAsync with the rows of `table` ([3, n] int64: dst, src,
+// size) as its arrays, in place, as the engine passes the core's table; one
+// attrs entry. Changing `table` before the copies run is what the fake's
+// lifetime rule reports.
+std::string batch_copy(const at::Tensor& table, int64_t stream, int64_t order, int64_t num_attrs, int64_t first_index) {
+  const int64_t n = table.size(1);
+  auto* rows = table.data_ptr<int64_t>();
+  std::vector<cudaMemcpyAttributes> attrs(static_cast<size_t>(std::max<int64_t>(num_attrs, 1)));
+  std::vector<size_t> idxs(attrs.size());
+  for (size_t k = 0; k < attrs.size(); ++k) {
+    attrs[k].srcAccessOrder = static_cast<cudaMemcpySrcAccessOrder>(order);
+    idxs[k] = static_cast<size_t>(first_index) + k;
+  }
+  return fake_cuda::error_name(fake_cuda::fake_table()->memcpy_batch_async(
+      reinterpret_cast<void* const*>(rows), reinterpret_cast<const void* const*>(rows + n),
+      reinterpret_cast<const size_t*>(rows + 2 * n), static_cast<size_t>(n), attrs.data(), idxs.data(),
+      static_cast<size_t>(num_attrs), as_stream(stream)));
+}
+
+// The large-parameter launch entry, with no pair and no id: the fake's
+// parameter-size rule alone decides.
+std::string launch_large_empty(int64_t stream) {
+  auto params = std::make_unique<kvswap::cuda::CopyParamsLarge>();
+  params->num_pairs = 1;
+  return fake_cuda::error_name(fake_cuda::fake_table()->launch_copy_large(params.get(), 1, 1, as_stream(stream)));
+}
+
+// Events through the table, as the engine uses them: handles as ints.
+std::tuple<std::string, int64_t> event_create() {
+  cudaEvent_t e = nullptr;
+  const cudaError_t err = fake_cuda::fake_table()->event_create_with_flags(&e, cudaEventDisableTiming);
+  return {fake_cuda::error_name(err), reinterpret_cast<int64_t>(e)};
+}
+
+std::string event_record(int64_t event, int64_t stream) {
+  return fake_cuda::error_name(
+      fake_cuda::fake_table()->event_record(reinterpret_cast<cudaEvent_t>(event), as_stream(stream)));
+}
+
+std::string event_query(int64_t event) {
+  return fake_cuda::error_name(fake_cuda::fake_table()->event_query(reinterpret_cast<cudaEvent_t>(event)));
+}
+
+std::tuple<std::string, int64_t> stream_capture_status(int64_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = fake_cuda::fake_table()->stream_is_capturing(as_stream(stream), &status);
+  return {fake_cuda::error_name(err), static_cast<int64_t>(status)};
+}
+
+std::tuple<std::string, int64_t> device_attribute(int64_t attr, int64_t device) {
+  int value = -1;
+  const cudaError_t err = fake_cuda::fake_table()->device_get_attribute(&value, static_cast<cudaDeviceAttr>(attr),
+                                                                        static_cast<int>(device));
+  return {fake_cuda::error_name(err), value};
+}
+
+// The small-parameter launch entry with no pair and no id, and a grid of
+// the caller's choosing: the fake's configuration rules alone decide.
+std::string launch_empty(int64_t stream, int64_t grid_x, int64_t grid_y, int64_t num_pairs) {
+  kvswap::cuda::CopyParams params{};
+  params.num_pairs = static_cast<int32_t>(num_pairs);
+  return fake_cuda::error_name(fake_cuda::fake_table()->launch_copy(
+      &params, static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y), as_stream(stream)));
+}
+
+std::string host_register_raw(int64_t ptr, int64_t bytes, bool pin) {
+  const auto* t = fake_cuda::fake_table();
+  return fake_cuda::error_name(pin ? t->host_register(reinterpret_cast<void*>(ptr), static_cast<size_t>(bytes), 0)
+                                   : t->host_unregister(reinterpret_cast<void*>(ptr)));
+}
+
+// Every entry of the no-op table once (the overhead bench uses a few).
+int64_t noop_calls() {
+  const auto* t = fake_cuda::noop_table();
+  int64_t failures = 0;
+  int v = 0;
+  cudaPointerAttributes attrs{};
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaEvent_t e = nullptr;
+  failures += t->host_register(nullptr, 0, 0) != cudaSuccess;
+  failures += t->host_unregister(nullptr) != cudaSuccess;
+  failures += t->pointer_get_attributes(&attrs, &v) != cudaSuccess;
+  failures += t->thread_exchange_stream_capture_mode(&mode) != cudaSuccess;
+  failures += t->event_create_with_flags(&e, 0) != cudaSuccess;
+  failures += t->event_record(e, nullptr) != cudaSuccess;
+  failures += t->event_query(e) != cudaSuccess;
+  failures += t->device_get_attribute(&v, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess;
+  failures += t->launch_copy_large(nullptr, 1, 1, nullptr) != cudaSuccess;
+  failures += t->get_last_error() != cudaSuccess;
+  failures += std::string(t->get_error_string(cudaSuccess)) != "cudaSuccess";
+  return failures;
 }
 
 std::string last_error(bool peek) { return fake_cuda::error_name(fake_cuda::get_last_error(peek)); }
@@ -200,6 +433,12 @@ std::vector<int64_t> launches() {
   for (const auto& l : fake_cuda::launches()) {
     out.insert(out.end(), {l.grid_x, l.grid_y, l.n, l.slices, l.num_pairs, l.inline_src, l.inline_dst});
   }
+  return out;
+}
+
+std::vector<int64_t> launch_param_bytes() {
+  std::vector<int64_t> out;
+  for (const auto& l : fake_cuda::launches()) out.push_back(l.param_bytes);
   return out;
 }
 
@@ -306,6 +545,24 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("violations() -> str[]", [] { return fake_cuda::violations(); });
   m.def("launches() -> int[]", &launches);
   m.def("batches() -> int[]", &batches);
+  m.def("launch_param_bytes() -> int[]", &launch_param_bytes);
+  m.def("pinned_empty(int[] shape) -> Tensor", &pinned_empty);
+  m.def("pointer_query(int ptr) -> str", &pointer_query);
+  m.def("memcpy_sync(int dst, int src, int bytes, int kind) -> str", &memcpy_sync);
+  m.def("memcpy_on(int dst, int src, int bytes, int kind, int stream) -> str", &memcpy_on);
+  m.def("batch_copy(Tensor table, int stream, int order=1, int num_attrs=1, int first_index=0) -> str", &batch_copy);
+  m.def("launch_large_empty(int stream) -> str", &launch_large_empty);
+  m.def("event_create() -> (str, int)", &event_create);
+  m.def("event_record(int event, int stream) -> str", &event_record);
+  m.def("event_query(int event) -> str", &event_query);
+  m.def("stream_capture_status(int stream) -> (str, int)", &stream_capture_status);
+  m.def("device_attribute(int attr, int device) -> (str, int)", &device_attribute);
+  m.def("launch_empty(int stream, int grid_x, int grid_y, int num_pairs) -> str", &launch_empty);
+  m.def("host_register_raw(int ptr, int bytes, bool pin) -> str", &host_register_raw);
+  m.def("noop_calls() -> int", &noop_calls);
+  m.def("pinned_records() -> int", [] { return g_pinned.recorded; });
+  m.def("kernel_param_bytes(int device) -> int",
+        [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::kernel_param_bytes(static_cast<int>(d))); });
   m.def("copy_widths() -> int[]", [] { return fake_cuda::copy_widths(); });
   m.def("in_flight(int device) -> int",
         [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::batches_in_flight(static_cast<int>(d))); });

@@ -51,20 +51,32 @@
 //   fails with cudaErrorStreamCaptureImplicit (cuda_runtime_api.h:2603-2610;
 //   cudaStreamIsCapturing does not invalidate the capture, use does).
 //   cudaStreamEndCapture from another thread needs relaxed mode
-//   (cudaErrorStreamCaptureWrongThread, driver_types.h:1062-1065), and an
-//   invalidated capture ends with cudaErrorStreamCaptureInvalidated.
+//   (cudaErrorStreamCaptureWrongThread, driver_types.h:1062-1065). Further
+//   work on an invalidated capture answers cudaErrorStreamCaptureInvalidated
+//   and records nothing (driver_types.h:1019-1022), and the capture ends with
+//   that error. Whether cudaPointerGetAttributes is "potentially unsafe" no
+//   public source says: the `pointer_query_unsafe` fault makes it so.
 // * Kernel launch: the parameters are copied at launch ("the actual kernel
 //   parameter will be copied", cuda.h:17434-17435); the launch runs the
 //   kernel's own body (csrc/cuda/copy_kernel.h) on the host, every thread
 //   block and thread in turn. Memory the kernel reaches must be device memory
 //   or mapped page-locked memory; anything else is an illegal address,
-//   reported (sticky) by the next synchronization.
+//   reported by the next synchronization. Parameters: 4,096 bytes
+//   everywhere, 32,764 with a 12.1+ runtime and driver on sm_70+ (else
+//   cudaErrorNotSupported; copy_kernel.h and param_rule cite the sources).
+//   cudaDeviceGetAttribute answers the compute capability.
 // * Last error: every failed call sets the calling thread's last error, which
 //   stays until cudaGetLastError reads it (cuda_runtime_api.h:1119-1121);
 //   cudaPeekAtLastError reads without clearing. cudaErrorNotReady counts.
+// * Sticky errors: after an illegal address "any further CUDA work will
+//   return the same error" (driver_types.h:771-772): every later call that
+//   touches a stream, an event, memory or the device answers it and does
+//   nothing, queued work no longer runs, and cudaGetLastError does not clear
+//   it. Only reset() (a new process) does.
 // * Faults: the batch entry absent, the batch call answering an error, a
 //   failing descriptor k, a failing cudaMemcpyAsync k, a failing host
-//   registration, runtime and driver versions, and a stalled device.
+//   registration, runtime and driver versions, the compute capability, the
+//   large-parameter launcher absent, and a stalled device.
 // The kernel body counts the bytes it copies per word width (host build only).
 #define KVSWAP_COPY_KERNEL_STATS 1
 #include "fake_cuda_runtime.h"
@@ -185,6 +197,15 @@ cudaError_t injected(const char* api) {
     if (const cudaError_t injected_ = injected(api)) return note(api, stream, injected_); \
   } while (0)
 
+// After a sticky error "any further CUDA work will return the same error"
+// (driver_types.h:771-772, cudaErrorIllegalAddress; the same words for the
+// other context-corrupting errors): every call that touches a stream, an
+// event, memory or the device answers it, and does nothing.
+#define KVSWAP_FAKE_STICKY(api, stream)                                           \
+  do {                                                                            \
+    if (world().sticky != cudaSuccess) return note(api, stream, world().sticky); \
+  } while (0)
+
 StreamState* resolve(cudaStream_t stream) {
   World& w = world();
   if (stream == nullptr || stream == cudaStreamLegacy) return w.legacy[static_cast<size_t>(t_device)];
@@ -263,6 +284,10 @@ cudaError_t enqueue(StreamState* s, Op op) {
     }
   }
   if (s->capture != nullptr) {
+    // "The current capture sequence on the stream has been invalidated due
+    // to a previous error" (cudaErrorStreamCaptureInvalidated,
+    // driver_types.h:1019-1022): work on it records nothing more.
+    if (s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;
     s->capture->nodes.push_back(std::move(op));
     return cudaSuccess;
   }
@@ -274,7 +299,7 @@ void drain(StreamState* s, uint64_t upto) {
   while (!s->queue.empty() && s->queue.front().first <= upto) {
     auto item = std::move(s->queue.front());
     s->queue.pop_front();
-    item.second();
+    if (world().sticky == cudaSuccess) item.second();  // after a sticky error nothing runs
     s->executed = item.first;
   }
 }
@@ -296,9 +321,12 @@ int f_exchange_device(int device) {
   return previous;
 }
 
+// cudaGetLastError returns the last error and resets it to cudaSuccess
+// (cuda_runtime_api.h:1119-1121), except a sticky one, which no call clears
+// (driver_types.h:771-772: "the process must be terminated and relaunched").
 cudaError_t f_get_last_error() {
   const cudaError_t e = t_last_error;
-  t_last_error = cudaSuccess;
+  t_last_error = world().sticky;
   return e;
 }
 
@@ -322,6 +350,7 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
   const int64_t call = w.memcpy_calls++;
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaMemcpyAsync", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaMemcpyAsync", s);
   KVSWAP_FAKE_INJECT("cudaMemcpyAsync", s);
   if (call == w.faults.memcpy_fail_at) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
   const Span from = classify(src, n);
@@ -375,9 +404,11 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
     return note("cudaMemcpyBatchAsync", s, err);
   };
   if (s == nullptr) return done(cudaErrorInvalidResourceHandle);
+  if (w.sticky != cudaSuccess) return done(w.sticky);
   if (const cudaError_t e = injected("cudaMemcpyBatchAsync")) return done(e);
   if (w.faults.batch_error != cudaSuccess) return done(w.faults.batch_error);
   if (s->legacy) return done(cudaErrorInvalidValue);
+  if (s->capture != nullptr && s->capture->invalidated) return done(cudaErrorStreamCaptureInvalidated);
   if (s->capture != nullptr) return done(cudaErrorStreamCaptureUnsupported);  // capture stays valid
   if (count == 0 || num_attrs == 0 || num_attrs > count || attrs == nullptr || idxs == nullptr ||
       idxs[0] != 0) {
@@ -430,6 +461,7 @@ cudaError_t f_stream_is_capturing(cudaStream_t stream, cudaStreamCaptureStatus* 
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaStreamIsCapturing", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaStreamIsCapturing", s);
   KVSWAP_FAKE_INJECT("cudaStreamIsCapturing", s);
   if (s->legacy && !blocking_captures(s->device).empty()) {
     return note("cudaStreamIsCapturing", s, cudaErrorStreamCaptureImplicit);  // not invalidated
@@ -448,6 +480,7 @@ cudaError_t f_exchange_mode(cudaStreamCaptureMode* mode) {
 
 cudaError_t f_event_create(cudaEvent_t* event, unsigned int) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
+  KVSWAP_FAKE_STICKY("cudaEventCreateWithFlags", nullptr);
   KVSWAP_FAKE_INJECT("cudaEventCreateWithFlags", nullptr);
   world().events.emplace_back();
   *event = reinterpret_cast<cudaEvent_t>(&world().events.back());
@@ -458,6 +491,7 @@ cudaError_t f_event_record(cudaEvent_t event, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* s = resolve(stream);
   if (s == nullptr || event == nullptr) return note("cudaEventRecord", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaEventRecord", s);
   KVSWAP_FAKE_INJECT("cudaEventRecord", s);
   auto* e = reinterpret_cast<EventState*>(event);
   if (s->capture != nullptr) {
@@ -477,6 +511,7 @@ cudaError_t f_event_query(cudaEvent_t event) {
   World& w = world();
   auto* e = reinterpret_cast<EventState*>(event);
   if (e == nullptr) return note("cudaEventQuery", nullptr, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaEventQuery", e->stream);
   KVSWAP_FAKE_INJECT("cudaEventQuery", e->stream);
   if (e->captured) return note("cudaEventQuery", e->stream, cudaErrorCapturedEvent);
   if (unsafe_prohibited()) return note("cudaEventQuery", e->stream, cudaErrorStreamCaptureUnsupported);
@@ -488,7 +523,15 @@ cudaError_t f_event_query(cudaEvent_t event) {
 
 cudaError_t f_pointer_attributes(cudaPointerAttributes* attrs, const void* ptr) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
+  KVSWAP_FAKE_STICKY("cudaPointerGetAttributes", nullptr);
   KVSWAP_FAKE_INJECT("cudaPointerGetAttributes", nullptr);
+  // No public source says whether cudaPointerGetAttributes is one of the
+  // "potentially unsafe" calls of cuda_runtime_api.h:2536-2548; with this
+  // fault it is, so an engine must be safe either way.
+  if (w.faults.pointer_query_unsafe && unsafe_prohibited()) {
+    return note("cudaPointerGetAttributes", nullptr, cudaErrorStreamCaptureUnsupported);
+  }
   *attrs = cudaPointerAttributes{};
   const Span s = classify(ptr, 1);
   switch (s.where) {
@@ -513,6 +556,7 @@ cudaError_t f_pointer_attributes(cudaPointerAttributes* attrs, const void* ptr) 
 cudaError_t f_host_register(void* ptr, size_t size, unsigned int) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   World& w = world();
+  KVSWAP_FAKE_STICKY("cudaHostRegister", nullptr);
   if (unsafe_prohibited()) return note("cudaHostRegister", nullptr, cudaErrorStreamCaptureUnsupported);
   if (w.faults.host_register_error != cudaSuccess) return note("cudaHostRegister", nullptr, w.faults.host_register_error);
   if (size == 0 || ptr == nullptr) return note("cudaHostRegister", nullptr, cudaErrorInvalidValue);
@@ -526,6 +570,7 @@ cudaError_t f_host_register(void* ptr, size_t size, unsigned int) {
 cudaError_t f_host_unregister(void* ptr) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   World& w = world();
+  KVSWAP_FAKE_STICKY("cudaHostUnregister", nullptr);
   if (unsafe_prohibited()) return note("cudaHostUnregister", nullptr, cudaErrorStreamCaptureUnsupported);
   auto it = w.allocs.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == w.allocs.end() || it->second.owned || it->second.kind != Kind::kPinned) {
@@ -542,22 +587,40 @@ bool kernel_reachable(const void* p, size_t n, int device) {
   return s.where == Where::kPinned || (s.where == Where::kDevice && s.device == device);
 }
 
-cudaError_t f_launch_copy(const CopyParams* params, unsigned grid_x, unsigned grid_y, cudaStream_t stream) {
+// Whether a kernel with `bytes` of parameters may launch on the device of
+// `s`: 4,096 bytes everywhere; up to 32,764 bytes with a 12.1+ runtime and
+// driver on sm_70+ (copy_kernel.h cites the sources). "CUDA will issue the
+// CUDA_ERROR_NOT_SUPPORTED error if the launch is attempted on an older
+// driver" (NVIDIA technical blog, "CUDA 12.1 Supports Large Kernel
+// Parameters", Toolkit and driver compatibility); the fake answers the same
+// for an older runtime and a pre-Volta device, where the limit stays 4 KiB.
+cudaError_t param_rule(size_t bytes) {
+  const Faults& f = world().faults;
+  if (bytes <= static_cast<size_t>(kvswap::cuda::kSmallParamLimit)) return cudaSuccess;
+  const bool large = f.runtime_version >= 12010 && f.driver_version >= 12010 && f.compute_major >= 7;
+  return large ? cudaSuccess : cudaErrorNotSupported;
+}
+
+template <class P>
+cudaError_t launch_kernel(const P* params, unsigned grid_x, unsigned grid_y, cudaStream_t stream) {
+  static_assert(sizeof(P) <= static_cast<size_t>(kvswap::cuda::kLargeParamLimit), "no launch takes more");
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   World& w = world();
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaLaunchKernel", s);
   KVSWAP_FAKE_INJECT("cudaLaunchKernel", s);
+  if (const cudaError_t err = param_rule(sizeof(P))) return note("cudaLaunchKernel", s, err);
   if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
     return note("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
   }
-  w.launches.push_back(LaunchRecord{grid_x, grid_y, params->n, params->slices, params->num_pairs,
-                                    params->src_ids == nullptr, params->dst_ids == nullptr});
-  auto p = std::make_shared<CopyParams>(*params);  // copied at launch
+  const LaunchRecord record{grid_x, grid_y, params->n, params->slices, params->num_pairs,
+                            params->src_ids == nullptr, params->dst_ids == nullptr, static_cast<int>(sizeof(P))};
+  auto p = std::make_shared<P>(*params);  // copied at launch
   const int device = s->device;
-  return note("cudaLaunchKernel", s, enqueue(s, [p, grid_x, grid_y, device] {
+  const cudaError_t err = enqueue(s, [p, grid_x, grid_y, device] {
     World& w = world();
-    const CopyParams& q = *p;
+    const P& q = *p;
     bool reachable = kernel_reachable(q.src_ids, static_cast<size_t>(q.n) * 8 * (q.src_ids != nullptr), device) &&
                      kernel_reachable(q.dst_ids, static_cast<size_t>(q.n) * 8 * (q.dst_ids != nullptr), device);
     for (int i = 0; i < q.num_pairs; ++i) {
@@ -586,7 +649,38 @@ cudaError_t f_launch_copy(const CopyParams* params, unsigned grid_x, unsigned gr
         }
       }
     }
-  }));
+  });
+  if (err == cudaSuccess) w.launches.push_back(record);
+  return note("cudaLaunchKernel", s, err);
+}
+
+cudaError_t f_launch_copy(const CopyParams* params, unsigned grid_x, unsigned grid_y, cudaStream_t stream) {
+  return launch_kernel(params, grid_x, grid_y, stream);
+}
+
+cudaError_t f_launch_copy_large(const kvswap::cuda::CopyParamsLarge* params, unsigned grid_x, unsigned grid_y,
+                                cudaStream_t stream) {
+  return launch_kernel(params, grid_x, grid_y, stream);
+}
+
+// cudaDeviceGetAttribute (cuda_runtime_api.h:1324): the fake answers the
+// compute capability; an invalid device is cudaErrorInvalidDevice.
+cudaError_t f_device_get_attribute(int* value, cudaDeviceAttr attr, int device) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  KVSWAP_FAKE_STICKY("cudaDeviceGetAttribute", nullptr);
+  KVSWAP_FAKE_INJECT("cudaDeviceGetAttribute", nullptr);
+  if (device < 0 || device >= world().devices) return note("cudaDeviceGetAttribute", nullptr, cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = world().faults.compute_major;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      break;
+    default:
+      return note("cudaDeviceGetAttribute", nullptr, cudaErrorInvalidValue);
+  }
+  return note("cudaDeviceGetAttribute", nullptr, cudaSuccess);
 }
 
 // --- the no-op runtime ---------------------------------------------------------------
@@ -624,6 +718,13 @@ cudaError_t n_pointer(cudaPointerAttributes* a, const void* p) {
 cudaError_t n_register(void*, size_t, unsigned int) { return cudaSuccess; }
 cudaError_t n_unregister(void*) { return cudaSuccess; }
 cudaError_t n_launch(const CopyParams*, unsigned, unsigned, cudaStream_t) { return cudaSuccess; }
+cudaError_t n_launch_large(const kvswap::cuda::CopyParamsLarge*, unsigned, unsigned, cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t n_attribute(int* v, cudaDeviceAttr, int) {
+  *v = 9;
+  return cudaSuccess;
+}
 
 kvswap::cuda::CudaApi g_fake;
 kvswap::cuda::CudaApi g_noop;
@@ -649,7 +750,9 @@ const kvswap::cuda::CudaApi* fake_table() {
   t.pointer_get_attributes = &f_pointer_attributes;
   t.host_register = &f_host_register;
   t.host_unregister = &f_host_unregister;
+  t.device_get_attribute = &f_device_get_attribute;
   t.launch_copy = &f_launch_copy;
+  t.launch_copy_large = world().faults.large_params_absent ? nullptr : &f_launch_copy_large;
   return &t;
 }
 
@@ -672,7 +775,9 @@ const kvswap::cuda::CudaApi* noop_table() {
   t.pointer_get_attributes = &n_pointer;
   t.host_register = &n_register;
   t.host_unregister = &n_unregister;
+  t.device_get_attribute = &n_attribute;
   t.launch_copy = &n_launch;
+  t.launch_copy_large = &n_launch_large;
   return &t;
 }
 
@@ -763,10 +868,21 @@ cudaStream_t current_stream(int device) { return f_current_stream(device); }
 
 int current_device() { return t_device; }
 
+uint64_t stream_position(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return resolve(stream)->enqueued;
+}
+
+bool stream_reached(cudaStream_t stream, uint64_t position) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return resolve(stream)->executed >= position;
+}
+
 cudaError_t stream_synchronize(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaStreamSynchronize", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaStreamSynchronize", s);
   if (s->capture != nullptr) {
     invalidate(s->capture);
     return note("cudaStreamSynchronize", s, cudaErrorStreamCaptureUnsupported);
@@ -783,6 +899,7 @@ cudaError_t stream_synchronize(cudaStream_t stream) {
 cudaError_t memcpy_sync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* legacy = resolve(nullptr);
+  KVSWAP_FAKE_STICKY("cudaMemcpy", legacy);
   if (unsafe_prohibited()) return note("cudaMemcpy", legacy, cudaErrorStreamCaptureUnsupported);
   const cudaError_t err = f_memcpy_async(dst, src, bytes, kind, nullptr);
   if (err != cudaSuccess) return note("cudaMemcpy", legacy, err);
@@ -799,6 +916,7 @@ cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   World& w = world();
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaStreamBeginCapture", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaStreamBeginCapture", s);
   if (s->legacy) return note("cudaStreamBeginCapture", s, cudaErrorStreamCaptureUnsupported);  // 2439-2440
   if (s->capture != nullptr) return note("cudaStreamBeginCapture", s, cudaErrorIllegalState);
   w.capture_store.push_back(Capture{s, std::this_thread::get_id(), mode, false, {}});
@@ -838,6 +956,7 @@ cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaGraphLaunch", s, cudaErrorInvalidResourceHandle);
+  KVSWAP_FAKE_STICKY("cudaGraphLaunch", s);
   for (const Op& op : reinterpret_cast<Graph*>(exec)->nodes) {
     const cudaError_t err = enqueue(s, op);
     if (err != cudaSuccess) return note("cudaGraphLaunch", s, err);
@@ -872,6 +991,7 @@ const char* error_name(cudaError_t err) {
     KVSWAP_FAKE_NAME(cudaErrorCapturedEvent)
     KVSWAP_FAKE_NAME(cudaErrorStreamCaptureWrongThread)
     KVSWAP_FAKE_NAME(cudaErrorMemoryAllocation)
+    KVSWAP_FAKE_NAME(cudaErrorInvalidDevice)
 #undef KVSWAP_FAKE_NAME
     default:
       return "cudaErrorUnknown(fake)";

@@ -38,6 +38,10 @@ cudaStream_t stream_create(int device, bool blocking);
 void set_current_stream(int device, cudaStream_t stream);
 cudaStream_t current_stream(int device);
 int current_device();
+// Work queued on a stream so far, and whether the stream has run it (for the
+// fake pinned host allocator: a block is reused once its streams ran past).
+uint64_t stream_position(cudaStream_t stream);
+bool stream_reached(cudaStream_t stream, uint64_t position);
 
 // The runtime functions the tests drive directly (same contracts as CUDA's).
 cudaError_t stream_synchronize(cudaStream_t stream);
@@ -63,6 +67,10 @@ struct Faults {
   bool stalled = false;                        // queued work does not progress until a sync
   bool scribble_arrays = false;                // batch: copy the pointer arrays during the call,
                                                // then overwrite them too (const or not)
+  int compute_major = 9;                       // cudaDevAttrComputeCapabilityMajor of every device
+  bool large_params_absent = false;            // the table has no large-parameter launcher
+  bool pointer_query_unsafe = false;           // cudaPointerGetAttributes is "potentially unsafe"
+                                               // under capture (illegal in global mode)
   std::map<std::string, cudaError_t> fail;     // runtime function name -> error it answers
 };
 Faults& faults();
@@ -79,6 +87,7 @@ struct LaunchRecord {
   int64_t n, slices;
   int num_pairs;
   bool inline_src, inline_dst;
+  int param_bytes;  // sizeof the launch's parameter block
 };
 std::vector<LaunchRecord> launches();
 struct BatchRecord {
