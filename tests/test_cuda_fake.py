@@ -750,6 +750,18 @@ def test_the_fake_refuses_the_pointer_query_under_global_capture_in_that_mode(fa
     assert F.pointer_query(buffer.data_ptr()) == "cudaSuccess"  # legal outside capture
 
 
+@pytest.mark.parametrize("fault,value,batch", [(None, 0, True), ("runtime_version", 12060, False),
+                                               ("batch_absent", 1, False)])
+def test_environment_report_says_what_the_engine_uses_on_the_device(fake, fault, value, batch):
+    if fault:
+        F.set_fault(fault, value)
+    F.rebind()
+    report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("cuda:0")))
+    assert set(report) == {"batch_api", "capture_query", "pin_in_place", "kernel_params"}
+    assert report["batch_api"].startswith("cudaMemcpyBatchAsync in use" if batch else "not in use")
+    assert report["kernel_params"] == f"{F.kernel_param_bytes(0)} bytes per launch"
+
+
 # --- kernel parameters: 32,764 bytes where runtime, driver and device allow it ---------------
 
 LARGE, SMALL = 32752, 4016  # sizeof the two parameter blocks (copy_kernel.h)

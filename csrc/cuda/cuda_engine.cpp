@@ -567,12 +567,27 @@ bool batch_api_enabled(int device) { return batch_enabled(device); }
 
 int kernel_param_bytes(int device) { return param_limit(device); }
 
+std::vector<std::string> engine_report_cuda(c10::Device device) {
+  const int index = checked_index(device);
+  const bool batch = batch_enabled(index);
+  return {
+      std::string("batch_api=") +
+          (batch ? "cudaMemcpyBatchAsync in use"
+                 : "not in use (absent, runtime or driver before 12.8, or refused on this device): one "
+                   "cudaMemcpyAsync per copy"),
+      "capture_query=cudaStreamGetCaptureInfo (every CUDA release)",
+      "pin_in_place=cudaHostRegister (mapped, portable)",
+      "kernel_params=" + std::to_string(param_limit(index)) + " bytes per launch",
+  };
+}
+
 void register_cuda_engine(torch::Library& m) {
   m.impl("_submit", &submit_cuda);
   m.impl("_swap_blocks_kernel", &swap_blocks_kernel_cuda);
   m.impl("_host_register", &host_register_cuda);
   m.impl("_stream_capturing", &stream_capturing_cuda);
   m.impl("_host_mapped", &host_mapped_cuda);
+  m.impl("_engine_report", &engine_report_cuda);
 }
 
 }  // namespace cuda
