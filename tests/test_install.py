@@ -264,3 +264,8 @@ def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engi
     assert rows["torch_npu"] == "not installed" or "torch_npu" in rows
     assert "devices" in rows or any(k.startswith(("cuda:", "npu:")) for k in rows)
     assert "vLLM" in rows
+
+
+def test_engine_report_is_for_accelerators():
+    with pytest.raises(ValueError, match="device must be an accelerator, got cpu"):
+        torch.ops.kvswap._engine_report(torch.device("cpu"))

@@ -19,6 +19,9 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
 #include "core.h"
 
 namespace kvswap {
@@ -123,6 +126,19 @@ void host_register(const at::Tensor& buffer, c10::Device device, bool pin) {
 
 bool stream_capturing_op(c10::Device device) { return stream_capturing(device); }
 
+// What the engine of `device` reports about it (python -m torch_kvswap); an
+// op with no tensor argument reaches the engine's key only through here.
+std::vector<std::string> engine_report_op(c10::Device device) {
+  TORCH_CHECK_VALUE(!device.is_cpu(), "device must be an accelerator, got ", device);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("kvswap::_engine_report", "")
+                             .typed<std::vector<std::string>(c10::Device)>();
+  const auto key = engine_key(device.type());
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device,
+                              " is loaded, so it has nothing to report");
+  return op.redispatch(c10::DispatchKeySet(key), device);
+}
+
 }  // namespace
 
 }  // namespace core
@@ -133,4 +149,5 @@ TORCH_LIBRARY_IMPL(kvswap, CPU, m) { m.impl("_host_register", &kvswap::core::hos
 TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
   m.impl("_direction_name", &kvswap::core::direction_name_op);
   m.impl("_stream_capturing", &kvswap::core::stream_capturing_op);
+  m.impl("_engine_report", &kvswap::core::engine_report_op);
 }
