@@ -134,8 +134,8 @@ std::vector<std::string> engine_report_op(c10::Device device) {
                              .findSchemaOrThrow("kvswap::_engine_report", "")
                              .typed<std::vector<std::string>(c10::Device)>();
   const auto key = engine_key(device.type());
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device,
-                              " is loaded, so it has nothing to report");
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: ", device,
+                              " has no engine loaded, so there is nothing to report");
   return op.redispatch(c10::DispatchKeySet(key), device);
 }
 
