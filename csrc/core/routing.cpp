@@ -2,6 +2,7 @@
 // (descriptors and DMA, or an engine's copy kernel) serves a call, and the
 // process-wide copy-method choice.
 #include <ATen/DeviceAccelerator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
@@ -17,6 +18,16 @@ namespace core {
 
 namespace {
 
+// How many devices the accelerator has. CUDA's device guard cannot say: none
+// is registered before CUDA is first used, and where CUDA is unavailable
+// torch installs a stand-in that claims one device (FakeTensorMode does, via
+// torch._C._ensureCUDADeviceGuardSet); the CUDA hooks ask the driver (0
+// without one). Other accelerators answer through their device guard.
+c10::DeviceIndex accelerator_devices(c10::DeviceType type) {
+  if (type == c10::DeviceType::CUDA) return at::detail::getCUDAHooks().deviceCount();
+  return at::accelerator::deviceCount();
+}
+
 // The device the pointer op's copies are issued on: the current accelerator,
 // or the host when there is none. A CUDA build of torch names CUDA its
 // accelerator on a machine without a GPU too (vLLM's CUDA wheels run their
@@ -26,11 +37,10 @@ c10::Device pointer_op_device() {
   if (!accelerator.has_value()) {
     return c10::Device(c10::DeviceType::CPU);
   }
-  const auto* guard = c10::impl::getDeviceGuardImpl(*accelerator);
-  if (guard->deviceCount() == 0) {  // noexcept: 0 when there is no driver either
+  if (accelerator_devices(*accelerator) == 0) {
     return c10::Device(c10::DeviceType::CPU);
   }
-  return guard->getDevice();
+  return c10::Device(*accelerator, at::accelerator::getDeviceIndex());
 }
 
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
