@@ -34,6 +34,7 @@ import queue
 import statistics
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import torch
@@ -63,8 +64,8 @@ class PointerCopy:
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
-    def launch(self, src_ids: list[int], dst_ids: list[int]) -> threading.Event:
-        done = threading.Event()
+    def launch(self, src_ids: list[int], dst_ids: list[int]) -> Future:
+        done: Future = Future()
         self.jobs.put((src_ids, dst_ids, done))
         return done
 
@@ -73,9 +74,15 @@ class PointerCopy:
         self.thread.join()
 
     def _loop(self) -> None:
+        # A failed copy is the waiter's error, never a copy thread that dies
+        # and leaves its waiter blocked.
         while (job := self.jobs.get()) is not None:
-            self.copy(job[0], job[1])
-            job[2].set()
+            try:
+                self.copy(job[0], job[1])
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter
+                job[2].set_exception(exc)
+            else:
+                job[2].set_result(None)
 
     def copy(self, src_ids: list[int], dst_ids: list[int]) -> None:
         s = np.array(src_ids, dtype=np.uint64)
@@ -115,7 +122,7 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
         events.pop()[1].synchronize()
 
     runs = {"kvswap": kvswap, "loop": lambda: loop_copy(device, hosts["loop"], src_ids, dst_ids),
-            "pointers": lambda: pointers.launch(src_ids, dst_ids).wait(),
+            "pointers": lambda: pointers.launch(src_ids, dst_ids).result(),
             "memcpy": lambda: flat_dst.copy_(flat_src)}
     times: dict[str, list[float]] = {m: [] for m in runs}
     try:
