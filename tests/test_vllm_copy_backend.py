@@ -511,6 +511,18 @@ def test_the_bench_loop_and_pointer_patterns_copy_like_the_reference():
             loop_copy(gpu, host, [0, 3, 11], [19, 2, 4])
         else:
             p = PointerCopy(gpu, host)
-            p.launch([0, 3, 11], [19, 2, 4]).wait()
+            p.launch([0, 3, 11], [19, 2, 4]).result()
             p.close()
         assert_equal(host, want)
+
+
+def test_the_bench_pointer_pattern_raises_a_failed_copy_to_its_waiter():
+    from torch_kvswap.bench_vllm_backend import PointerCopy
+
+    p = PointerCopy({"a": torch.zeros(4, 8, dtype=torch.int8)}, {"a": torch.zeros(4, 8, dtype=torch.int8)})
+    try:
+        with pytest.raises(OverflowError):
+            p.launch([0], [-1 << 40]).result(timeout=60)  # a block id the copy cannot address
+        p.launch([1], [2]).result(timeout=60)  # the copy thread is still there
+    finally:
+        p.close()
