@@ -1,6 +1,6 @@
 // Every schema of the `kvswap` namespace, declared once. Kernels are added by
 // csrc/core/ (public ops) and by the engines (`_submit`, ...) under their own keys;
-// fake kernels live in torch_kvswap/_fake.py.
+// fake kernels live in torch_kvswap/fake_kernels.py.
 #include <torch/library.h>
 
 #include "python_module.h"

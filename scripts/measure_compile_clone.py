@@ -16,7 +16,7 @@ from torch._C import DispatchKey
 from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 
 import torch_kvswap
-from torch_kvswap import _fake
+from torch_kvswap import fake_kernels as _fake
 
 BLOCK = 4096
 CACHE_MIB = 16

@@ -402,11 +402,6 @@ def test_a_failed_load_names_its_blocks_and_chunks():
         connector.shutdown()
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"canonical_layout": True}, "does not support canonical_layout"),
-    ({"secondary_tiers": []}, r"does not support kv_connector_extra_config keys \['secondary_tiers'\]"),
-    ({"cpu_bytes_to_use_typo": 1}, r"keys \['cpu_bytes_to_use_typo'\]"),
-])
 def build_scheduler_connector(extra: dict) -> None:
     """vLLM's OffloadingConnector, scheduler role, with the plug-in's spec and `extra` keys."""
     config = VllmConfig(
@@ -423,6 +418,11 @@ def build_scheduler_connector(extra: dict) -> None:
         OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
 
 
+@pytest.mark.parametrize("extra, message", [
+    ({"canonical_layout": True}, "does not support canonical_layout"),
+    ({"secondary_tiers": []}, r"does not support kv_connector_extra_config keys \['secondary_tiers'\]"),
+    ({"cpu_bytes_to_use_typo": 1}, r"keys \['cpu_bytes_to_use_typo'\]"),
+])
 def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
     with pytest.raises(ValueError, match=message):
         build_scheduler_connector(extra)

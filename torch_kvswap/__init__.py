@@ -28,7 +28,7 @@ from . import _loader
 _loader.load_core()
 ENGINES = _loader.load_engines()
 
-from . import _fake  # noqa: E402,F401 - registers fake kernels and effects
+from . import fake_kernels  # noqa: E402,F401 - registers fake kernels and effects
 from .ops import (  # noqa: E402
     Direction,
     expand_block_ids,

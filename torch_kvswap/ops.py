@@ -2,7 +2,7 @@
 
 Each wrapper calls the operator's ``.default`` overload, so it works the same
 in eager mode and inside ``torch.compile``. The schemas are declared once, in
-``csrc/registration.cpp``; the fake kernels live in ``torch_kvswap/_fake.py``.
+``csrc/registration.cpp``; the fake kernels live in ``torch_kvswap/fake_kernels.py``.
 """
 
 from __future__ import annotations
