@@ -487,8 +487,22 @@ def summary_lines(info: dict) -> list[str]:
     return lines
 
 
+def require_wheel_support() -> None:
+    """pip builds through setuptools' bdist_wheel, which setuptools has only
+    from 70.1 on; older ones need the `wheel` package (a fresh Python 3.11
+    venv has setuptools 65 and no wheel)."""
+    import importlib.util
+
+    import setuptools
+
+    if release(setuptools.__version__) < (70, 1) and importlib.util.find_spec("wheel") is None:
+        raise SystemExit(f"setuptools {setuptools.__version__} cannot build wheels without the `wheel` "
+                         f"package: pip install \"setuptools>=70.1\" ninja numpy, then {INSTALL_COMMAND}")
+
+
 def main() -> None:
     torch = import_build_torch()
+    require_wheel_support()
     if shutil.which("ninja") is None:
         print("warning: ninja not found; the build falls back to a slow serial compile", file=sys.stderr)
     engines = plan_engines(torch)

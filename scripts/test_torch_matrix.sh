@@ -4,8 +4,8 @@
 # oldest declared release and the newest on the registry; .venv's 2.13.0 is
 # covered by scripts/test.sh and vLLM 0.33's 2.14.0 by scripts/test_vllm.sh):
 #   1. a venv .venv-torch-VERSION holding only torch==VERSION, numpy and ninja;
-#   2. the README's install line, `pip install --no-build-isolation .`, from a
-#      clean copy of the tree (the copy is kept in build/matrix-VERSION/ so a
+#   2. the README's install line, `pip install "setuptools>=70.1" ninja numpy
+#      && pip install --no-build-isolation .`, from a clean copy of the tree (the copy is kept in build/matrix-VERSION/ so a
 #      rerun recompiles only what changed); its build summary is printed;
 #   3. `python -m torch_kvswap` from outside the tree: must exit 0 and report
 #      the host engine loaded;
@@ -34,8 +34,9 @@ for VERSION in "${VERSIONS[@]}"; do
 
   copy_tree "matrix-$VERSION"   # env.sh's; sets TREE
   COPY="$TREE"
-  echo "[matrix] $VERSION: pip install --no-build-isolation . (README's install line)"
-  (cd "$COPY" && "$VPY" -m pip install --quiet --no-build-isolation --force-reinstall --no-deps .)
+  echo "[matrix] $VERSION: the README's install line"
+  (cd "$COPY" && "$VPY" -m pip install --quiet "setuptools>=70.1" ninja numpy \
+     && "$VPY" -m pip install --quiet --no-build-isolation --force-reinstall --no-deps .)
   REPORT="$(cd /tmp && "$VPY" -m torch_kvswap)"
   echo "$REPORT"
   grep -Eq '^  engine host +loaded$' <<<"$REPORT" || { echo "[matrix] $VERSION: host engine not reported loaded"; exit 1; }

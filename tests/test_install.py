@@ -269,3 +269,19 @@ def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engi
 def test_engine_report_is_for_accelerators():
     with pytest.raises(ValueError, match="device must be an accelerator, got cpu"):
         torch.ops.kvswap._engine_report(torch.device("cpu"))
+
+
+def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
+    # A new Python 3.11 venv: setuptools 65, no `wheel`: pip would fail with
+    # "invalid command 'bdist_wheel'".
+    import setuptools
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(setuptools, "__version__", "65.5.0")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wheel" else real_find_spec(name, *a))
+    with pytest.raises(SystemExit, match=r'pip install "setuptools>=70.1" ninja numpy, then pip install '
+                                         r'--no-build-isolation \.'):
+        setup_py.require_wheel_support()
+    monkeypatch.setattr(setuptools, "__version__", "70.1.0")
+    setup_py.require_wheel_support()
