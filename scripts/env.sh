@@ -53,11 +53,11 @@ build_in_place() {
 # copy_tree NAME: a copy of the tree's tracked and new files in build/NAME,
 # for venvs whose torch is not .venv's (an extension is built for one torch).
 # Its earlier build outputs are kept, so a rebuild recompiles only what
-# changed. Sets TREE to the copy.
+# changed (the copies keep their modification times). Sets TREE to the copy.
 copy_tree() {
   TREE="$ROOT/build/$1"
   mkdir -p "$TREE"
-  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$TREE")
+  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents --preserve=timestamps -t "$TREE")
 }
 
 VENV="$ROOT/.venv"
