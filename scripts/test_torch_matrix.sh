@@ -26,9 +26,8 @@ VERSIONS=("$@")
 for VERSION in "${VERSIONS[@]}"; do
   echo "[matrix] torch $VERSION"
   VENV="$ROOT/.venv-torch-$VERSION"
-  REQ="$ROOT/build/matrix-requirements-$VERSION.txt"
-  mkdir -p "$ROOT/build"
-  printf 'torch==%s\nnumpy\nninja\n' "$VERSION" > "$REQ"
+  REQ="$ROOT/requirements-torch-$VERSION.txt"   # torch==VERSION, numpy, ninja
+  [ -f "$REQ" ] || { echo "[matrix] no $REQ: add one to test torch $VERSION"; exit 2; }
   ensure_venv "$VENV" "$REQ"   # env.sh's; sets PY
   VPY="$PY"
 
