@@ -415,8 +415,6 @@ def make_build_command(torch, engines: list[Engine]):
     class BuildWithSummary(base):
         """torch's BuildExtension, quiet, ending with one line per engine."""
 
-        failed: dict[str, str] = {}
-
         def build_extension(self, ext):
             # An engine found by detection that does not compile is left out
             # (setuptools skips copying a missing optional extension); the
@@ -433,7 +431,7 @@ def make_build_command(torch, engines: list[Engine]):
                 # Test-only fakes never go into a wheel or an installed tree.
                 self.extensions = [e for e in self.extensions if not e.name.startswith("torch_kvswap._fake")]
             built = {e.name for e in self.extensions}
-            os.makedirs(self.build_temp, exist_ok=True)
+            self.failed: dict[str, str] = {}  # extension name -> why it did not compile
             log = Path(tempfile.mkstemp(prefix="torch_kvswap-build-", suffix=".log")[1])
             with captured_output(log, bool(flag("KVSWAP_VERBOSE_BUILD"))):
                 super().run()
