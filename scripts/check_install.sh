@@ -56,3 +56,4 @@ SMOKE="$(mktemp -d)"
 cp "$ROOT/scripts/smoke_test.py" "$SMOKE/"
 (cd "$SMOKE" && "$PY" smoke_test.py)
 rm -rf "$SMOKE"
+release "$ROOT/.venv-wheel"   # env.sh's: only under KVSWAP_PRUNE=1

@@ -60,6 +60,20 @@ copy_tree() {
   (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents --preserve=timestamps -t "$TREE")
 }
 
+# release DIR...: removes those venvs or build copies once a script is done
+# with them, when KVSWAP_PRUNE=1. .ci/run sets it: its clone is thrown away,
+# and each extra venv holds a CUDA build of torch (3-7 GB), so keeping them
+# all would need about 25 GB of free disk where one at a time needs about 10.
+# Otherwise they are kept, so a rerun installs and compiles nothing again.
+release() {
+  [ "${KVSWAP_PRUNE:-0}" = 1 ] || return 0
+  local dir
+  for dir in "$@"; do
+    echo "[env] KVSWAP_PRUNE=1: removing $dir"
+    rm -rf "$dir"
+  done
+}
+
 VENV="$ROOT/.venv"
 ensure_venv "$VENV" requirements-dev.txt
 export KVSWAP_BUILD_FAKES="${KVSWAP_BUILD_FAKES:-1}"

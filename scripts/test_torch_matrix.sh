@@ -54,4 +54,5 @@ for VERSION in "${VERSIONS[@]}"; do
   echo "[matrix] $VERSION: building in place with the test fakes, then the suite"
   KVSWAP_BUILD_FAKES=1 build_in_place "$VPY" "$COPY"
   (cd "$COPY" && "$VPY" -m pytest -q -p no:cacheprovider tests ${KVSWAP_MATRIX_PYTEST_ARGS:-})
+  release "$VENV" "$COPY"   # env.sh's: only under KVSWAP_PRUNE=1
 done

