@@ -2,28 +2,29 @@
 # Line coverage of the CUDA engine's host logic (csrc/cuda/cuda_engine.cpp),
 # the kernel body (csrc/cuda/copy_kernel.h) and the fake runtime
 # (tests/fake_cuda/fake_cuda_runtime.cpp) by the CPU suite's fake-runtime
-# tests. Builds torch_kvswap._fake_cuda with --coverage into build/coverage/
-# (the in-place build stays as it is), runs tests/test_cuda_fake.py against
-# it and prints gcov's figures. Fails below the goals: engine 99 %, fake
-# runtime 98 %.
+# tests. The fake extension is test-only and setup.py builds it only in
+# place, so a copy of the tree (build/coverage/tree/, env.sh's copy_tree) is
+# built in place with --coverage, its objects in build/coverage/temp/ (the
+# repository's own in-place build stays as it is); tests/test_cuda_fake.py
+# runs in that copy and gcov's figures are printed. Fails below the goals
+# (engine 99 %, fake runtime 98 %) and when the tests left no coverage data.
 # Usage: bash scripts/coverage_cuda.sh [extra pytest args]
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 COV="$ROOT/build/coverage"
-LIB="$COV/lib"
-mkdir -p "$LIB/torch_kvswap"
-find "$COV" -name '*.gcda' -delete 2>/dev/null || true
-echo "[coverage] building torch_kvswap._fake_cuda with --coverage"
-KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=1 KVSWAP_FAKE_COVERAGE=1 \
-  "$PY" setup.py --quiet build_ext --build-temp "$COV/temp" --build-lib "$LIB" >/dev/null
-cp torch_kvswap/*.py "$LIB/torch_kvswap/"
-echo "[coverage] running tests/test_cuda_fake.py"
-# From $LIB, so that its torch_kvswap (with the instrumented extension) is imported.
-(cd "$LIB" && PYTHONPATH="$LIB" "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" \
-  "$ROOT/tests/test_cuda_fake.py" "$@" | tail -3)
 OBJ="$COV/temp/tests/fake_cuda"
+copy_tree coverage/tree   # env.sh's; sets TREE
+find "$COV/temp" -name '*.gcda' -delete 2>/dev/null || true
+echo "[coverage] building torch_kvswap._fake_cuda with --coverage in $TREE"
+(cd "$TREE" && KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=1 KVSWAP_FAKE_COVERAGE=1 \
+  "$PY" setup.py --quiet build_ext --inplace --build-temp "$COV/temp" 2>&1 | grep -F '_fake_cuda')
+echo "[coverage] running tests/test_cuda_fake.py"
+# In the copy, so that its torch_kvswap (with the instrumented extension) is imported.
+(cd "$TREE" && PYTHONPATH="$TREE" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_fake.py "$@" | tail -3)
+ls "$OBJ"/*.gcda >/dev/null 2>&1 \
+  || { echo "[coverage] no coverage data in $OBJ: the tests did not run the instrumented build"; exit 1; }
 cd "$OBJ"
 report() {  # object-file stem, source path as gcov names it
-  gcov -n -o "$OBJ" "$1.cpp" 2>/dev/null | grep -A1 "^File '.*$2'" | sed -n 2p
+  gcov -n -o "$OBJ" "$1.cpp" 2>/dev/null | grep -A1 "^File '.*$2'" | sed -n 2p || true
 }
 ENGINE="$(report engine_under_test csrc/cuda/cuda_engine.cpp)"
 KERNEL="$(report fake_cuda_runtime csrc/cuda/copy_kernel.h)"
