@@ -479,3 +479,102 @@ def test_vllm_extra_config_check_key_must_be_a_boolean():
     with pytest.raises(ValueError, match=r"kv_connector_extra_config\['kvswap_check'\] must be true or false, got 'yes'"):
         apply_check_option({"kvswap_check": "yes"})
     assert not torch_kvswap.is_checked()
+
+
+# --- calls of 64 descriptors or more: checked without a sort first -------------------------------
+#
+# Such a call is first checked by marking its destinations in a bitmap of
+# units (their common alignment); only a call that may fail takes the sorting
+# walks, which name the descriptor. These cases hold one pool of device
+# memory (so sources and destinations share an address space and chains are
+# possible, device to device on the host engine) and compare the verdict with
+# a plain reference over every pair, one possible fault per case, many of
+# them exactly at a boundary.
+
+POOL, GRAIN = 1 << 16, 16
+
+
+def reference_refuses(src, dst, sizes, regions) -> bool:
+    live = [(int(s), int(d), int(z)) for s, d, z in zip(src, dst, sizes) if z > 0]
+
+    def inside(a, b):
+        return any(r0 <= a and b <= r1 for r0, r1 in regions)
+
+    if not all(inside(s, s + z) and inside(d, d + z) for s, d, z in live):
+        return True
+    for i, (si, di, zi) in enumerate(live):
+        for j, (sj, dj, zj) in enumerate(live):
+            if i != j and di < dj + zj and dj < di + zi:
+                return True  # two destinations overlap
+            if si < dj + zj and dj < si + zi:
+                return True  # a chain (i == j: a descriptor reading its own destination)
+    return False
+
+
+def unsorted_case(seed: int):
+    """A valid call of 64-160 descriptors in random order, then one change:
+    none, or a destination or a source moved onto, next to, or past
+    something, by a grain or half of one, or exactly to the edge."""
+    rng = np.random.default_rng(seed)
+    slot = int(rng.choice([64, 96, 256]))  # each descriptor's share of its half of the pool
+    n = int(rng.integers(64, min(160, POOL // 2 // slot) + 1))
+    sizes = rng.integers(1, slot // GRAIN + 1, n) * GRAIN
+    sizes[rng.random(n) < 0.05] = 0  # zero-byte descriptors copy nothing
+    half = POOL // 2
+    dst = rng.permutation(half // slot)[:n] * slot  # disjoint slots in the first half
+    src = half + rng.permutation(half // slot)[:n] * slot  # in the second half
+    if rng.random() < 0.5:  # sources off the destinations' grid by half a grain
+        src = src + GRAIN // 2 * rng.integers(0, 2, n)
+    live = np.flatnonzero(sizes > 0)
+    i, j = rng.choice(live, 2, replace=False)
+    fault = int(rng.integers(0, 7))
+    if fault == 1:    # a destination onto another's last grain, or just after it
+        dst[i] = dst[j] + sizes[j] - GRAIN * int(rng.integers(0, 2))
+    elif fault == 2:  # a destination ending on another's first grain, or just before it
+        dst[i] = dst[j] - sizes[i] + GRAIN * int(rng.integers(0, 2))
+    elif fault == 3:  # a source onto another's destination by 0, 1/2 or 1 grain
+        src[i] = dst[j] + sizes[j] - GRAIN // 2 * int(rng.integers(0, 3))
+    elif fault == 4:  # a source ending 0, 1/2 or 1 grain into a destination
+        src[i] = dst[j] - sizes[i] + GRAIN // 2 * int(rng.integers(0, 3))
+    elif fault == 5:  # a destination at the pool's end, or a grain past it
+        dst[i] = POOL - sizes[i] + GRAIN * int(rng.integers(0, 2))
+    elif fault == 6:  # a source at the pool's end, or a grain past it
+        src[i] = POOL - sizes[i] + GRAIN * int(rng.integers(0, 2))
+    order = rng.permutation(n)
+    return src[order], dst[order], sizes[order]
+
+
+def test_large_calls_in_any_order_get_the_reference_verdict():
+    backing = torch.zeros(POOL + 4096, dtype=torch.uint8)
+    pool = backing[:POOL]
+    base = pool.data_ptr()
+    verdicts = {True: 0, False: 0}
+    with torch_kvswap.register_region(pool, side="device", label="pool"), torch_kvswap.checked():
+        for seed in range(400):
+            src, dst, sizes = unsorted_case(seed)
+            expected = reference_refuses(src, dst, sizes, [(0, POOL)])
+            args = (torch.from_numpy(base + src), torch.from_numpy(base + dst),
+                    torch.from_numpy(sizes.astype(np.int64)), int(Direction.DEVICE_TO_DEVICE))
+            try:
+                PLAN(*args)
+                refused = False
+            except ValueError:
+                refused = True
+            assert refused == expected, f"seed {seed}: refused={refused}, reference says {expected}"
+            verdicts[refused] += 1
+    # Both verdicts are well represented, so neither half of the check goes untested.
+    assert min(verdicts.values()) >= 100, verdicts
+
+
+def test_a_large_call_that_fails_names_the_same_descriptors_as_a_small_one():
+    backing = torch.zeros(POOL, dtype=torch.uint8)
+    base = backing.data_ptr()
+    n, block = 128, 256
+    rng = np.random.default_rng(3)
+    dst = rng.permutation(n) * block
+    src = POOL // 2 + rng.permutation(n) * block
+    dst[100] = dst[7] + block // 2  # descriptors 7 and 100 overlap
+    with torch_kvswap.register_region(backing, side="device"), torch_kvswap.checked():
+        with pytest.raises(ValueError, match="destinations of descriptors 7 and 100 overlap"):
+            PLAN(torch.from_numpy(base + src), torch.from_numpy(base + dst),
+                 torch.full((n,), block, dtype=torch.int64), int(Direction.DEVICE_TO_DEVICE))

@@ -156,7 +156,7 @@ struct Spans {
 // (then nothing is done); otherwise a radix sort of the begins relative to
 // the lowest, in units of their common power-of-two alignment, when that
 // fits 32 bits (the usual case: blocks of a few caches), else a comparison
-// sort. The checks' cost is mostly this sort.
+// sort. It runs for small calls and for those passes_unsorted cannot pass.
 void order_by_address(Spans& s) {
   if (s.sorted) return;
   auto& v = s.spans;
@@ -242,6 +242,97 @@ void check_inside_regions(const char* op, const char* name, const std::vector<Sp
   }
 }
 
+// Whether [a, b) lies inside one region of table t (the walk in
+// check_inside_regions, for one interval: the regions that begin at or
+// before a are the first upper_bound(a) of them). It remembers the stretch
+// of addresses [from, to) that share the last answer's regions, so a call
+// whose descriptors stay in a few regions searches rarely.
+class RegionLookup {
+ public:
+  explicit RegionLookup(const SideTable& t) : t_(t) {}
+
+  bool inside(uint64_t a, uint64_t b) {
+    if (a < from_ || a >= to_) {
+      const size_t p = static_cast<size_t>(
+          std::upper_bound(t_.begin.begin(), t_.begin.end(), a) - t_.begin.begin());
+      from_ = p == 0 ? 0 : t_.begin[p - 1];
+      to_ = p == t_.begin.size() ? UINT64_MAX : t_.begin[p];
+      max_end_ = p == 0 ? 0 : t_.max_end[p - 1];
+    }
+    return b <= max_end_;
+  }
+
+ private:
+  const SideTable& t_;
+  uint64_t from_ = 1, to_ = 0;  // empty: the first lookup searches
+  uint64_t max_end_ = 0;
+};
+
+// Calls of at least this many descriptors are first checked without sorting
+// (passes_unsorted); smaller calls, and any call that check fails, take the
+// sorting walks, which name the offending descriptors.
+constexpr int64_t kUnsortedCheckMin = 64;
+
+// The checks of check_pointer_batch for a call in any order, without a sort:
+// true when every descriptor lies inside one region of its side, no two
+// destinations overlap and (when `chains` is set) no source overlaps a
+// destination. Destinations are marked in a bitmap of units, the largest
+// power of two that divides every destination's offset from the lowest and
+// every size, so each destination covers whole units and two byte ranges
+// share a byte exactly when they share a unit. False means "a check may
+// fail": also when the bitmap would be large (the caller then sorts).
+bool passes_unsorted(const int64_t* src, const int64_t* dst, const int64_t* size, int64_t n,
+                     bool chains, const SideTable& src_regions, const SideTable& dst_regions) {
+  RegionLookup src_lookup(src_regions), dst_lookup(dst_regions);
+  uint64_t lo = UINT64_MAX, end = 0, spread = 0, first = 0;
+  int64_t live = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (size[i] == 0) continue;
+    const uint64_t d = static_cast<uint64_t>(dst[i]), z = static_cast<uint64_t>(size[i]);
+    if (live++ == 0) first = d;
+    // ctz(d - first) == ctz(d ^ first): the lowest bit in which they differ.
+    spread |= (d ^ first) | z;
+    lo = std::min(lo, d);
+    end = std::max(end, d + z);
+    if (!dst_lookup.inside(d, d + z)) return false;
+  }
+  if (live == 0) return true;
+  const int shift = __builtin_ctzll(spread);  // spread != 0: every live size is > 0
+  const uint64_t units = (end - lo) >> shift;
+  const uint64_t budget = 8 * static_cast<uint64_t>(live) + 4096;
+  if (units > budget) return false;
+  thread_local std::vector<uint64_t> marked;
+  marked.assign((units + 63) / 64, 0);
+  uint64_t work = 0;  // units marked or looked at, bounded by the budget
+  for (int64_t i = 0; i < n; ++i) {
+    if (size[i] == 0) continue;
+    const uint64_t u0 = (static_cast<uint64_t>(dst[i]) - lo) >> shift;
+    const uint64_t u1 = u0 + (static_cast<uint64_t>(size[i]) >> shift);
+    work += u1 - u0;
+    if (work > budget) return false;
+    for (uint64_t u = u0; u < u1; ++u) {
+      const uint64_t bit = uint64_t{1} << (u & 63);
+      if (marked[u >> 6] & bit) return false;  // two destinations share a unit
+      marked[u >> 6] |= bit;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (size[i] == 0) continue;
+    const uint64_t a = static_cast<uint64_t>(src[i]), b = a + static_cast<uint64_t>(size[i]);
+    if (!src_lookup.inside(a, b)) return false;
+    if (!chains || b <= lo || a >= end) continue;
+    // The units that [a, b) touches, clipped to the destinations' span.
+    const uint64_t u0 = (std::max(a, lo) - lo) >> shift;
+    const uint64_t u1 = ((std::min(b, end) - lo) + (uint64_t{1} << shift) - 1) >> shift;
+    work += u1 - u0;
+    if (work > 2 * budget) return false;
+    for (uint64_t u = u0; u < u1; ++u) {
+      if (marked[u >> 6] & (uint64_t{1} << (u & 63))) return false;  // a source some descriptor writes
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void set_checked_mode(bool on) { g_checked_mode.store(on, std::memory_order_relaxed); }
@@ -259,6 +350,17 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
   const int64_t* size = size_c.const_data_ptr<int64_t>();
   const int64_t n = src_c.numel();
   const auto direction = static_cast<Direction>(direction_code);
+  const auto snap = RegionTable::instance().snapshot();
+  const Side src_side = direction == Direction::kHostToDevice ? Side::kHost : Side::kDevice;
+  const Side dst_side = direction == Direction::kDeviceToHost ? Side::kHost : Side::kDevice;
+  // Sources and destinations share an address space, so chains are possible,
+  // on the host engine and within one device.
+  const bool same_space = device.is_cpu() || direction == Direction::kDeviceToDevice;
+  if (n >= kUnsortedCheckMin &&
+      passes_unsorted(src, dst, size, n, same_space, snap->sides[static_cast<int>(src_side)],
+                      snap->sides[static_cast<int>(dst_side)])) {
+    return;
+  }
   // Per thread, so that a call allocates nothing once the vectors have grown.
   thread_local Spans tls_src, tls_dst;
   Spans& by_src = tls_src;
@@ -297,9 +399,6 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
   const auto& srcs = by_src.spans;
   const auto& dsts = by_dst.spans;
 
-  const auto snap = RegionTable::instance().snapshot();
-  const Side src_side = direction == Direction::kHostToDevice ? Side::kHost : Side::kDevice;
-  const Side dst_side = direction == Direction::kDeviceToHost ? Side::kHost : Side::kDevice;
   check_inside_regions(op, "src_ptrs", srcs, src_side, *snap);
   check_inside_regions(op, "dst_ptrs", dsts, dst_side, *snap);
 
@@ -316,10 +415,9 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
     }
   }
 
-  // Chains: a source that another descriptor writes. Only where sources and
-  // destinations share an address space: on the host engine, and within
-  // one device.
-  if (!(device.is_cpu() || direction == Direction::kDeviceToDevice)) return;
+  // Chains: a source that another descriptor writes (only where sources and
+  // destinations share an address space).
+  if (!same_space) return;
   size_t p = 0;  // destinations before p end at or before the current source
   for (const auto& x : srcs) {
     while (p < dsts.size() && dsts[p].end <= x.begin) ++p;

@@ -70,7 +70,7 @@ MUTANTS = [
     dict(
         name="checked-chains-unchecked",
         file=_CPP,
-        find="  if (!(device.is_cpu() || direction == Direction::kDeviceToDevice)) return;",
+        find="  if (!same_space) return;",
         replace="  return;",
         tests=_OPS,
         why="a descriptor reading what another writes races and must be refused",
@@ -90,6 +90,47 @@ MUTANTS = [
         replace="  return;\n",
         tests=_OPS,
         why="the overlap and region walks need the descriptors in address order",
+    ),
+    # --- calls of 64 descriptors or more, checked without a sort first ---
+    dict(
+        name="checked-unsorted-destination-marks-one-unit",
+        file=_CPP,
+        find="    const uint64_t u1 = u0 + (static_cast<uint64_t>(size[i]) >> shift);",
+        replace="    const uint64_t u1 = u0 + 1;",
+        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        why="a destination of several units marked by its first only: overlaps further in pass",
+    ),
+    dict(
+        name="checked-unsorted-chains-skipped",
+        file=_CPP,
+        find="    if (!chains || b <= lo || a >= end) continue;",
+        replace="    if (true) continue;",
+        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        why="a large call in random order whose source another descriptor writes must be refused",
+    ),
+    dict(
+        name="checked-unsorted-source-end-rounded-down",
+        file=_CPP,
+        find="const uint64_t u1 = ((std::min(b, end) - lo) + (uint64_t{1} << shift) - 1) >> shift;",
+        replace="const uint64_t u1 = (std::min(b, end) - lo) >> shift;",
+        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        why="a source ending part-way into a destination's unit still reads what it writes",
+    ),
+    dict(
+        name="checked-unsorted-source-regions-skipped",
+        file=_CPP,
+        find="    if (!src_lookup.inside(a, b)) return false;\n",
+        replace="",
+        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        why="a large call's sources must lie inside registered regions too",
+    ),
+    dict(
+        name="checked-unsorted-region-end-ignored",
+        file=_CPP,
+        find="    return b <= max_end_;",
+        replace="    return a < max_end_;",
+        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        why="a large call's descriptor that runs past its region's end must be refused",
     ),
     # --- device-resident ids ---
     dict(
