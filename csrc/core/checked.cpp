@@ -227,26 +227,11 @@ void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
                     "the address (an id off by one, or the wrong buffer?)");
 }
 
-// Every span (sorted by begin) lies inside one region of `side`: one walk
-// over both sorted lists.
-void check_inside_regions(const char* op, const char* name, const std::vector<Span>& sorted,
-                          Side side, const Snapshot& snap) {
-  const auto& t = snap.sides[static_cast<int>(side)];
-  const size_t count = t.begin.size();
-  size_t p = 0;  // regions [0, p) begin at or before the current span
-  for (const auto& x : sorted) {
-    while (p < count && t.begin[p] <= x.begin) ++p;
-    if (p == 0 || t.max_end[p - 1] < x.end) {
-      refuse_outside(op, name, x.index, x.begin, x.end - x.begin, side, snap);
-    }
-  }
-}
-
-// Whether [a, b) lies inside one region of table t (the walk in
-// check_inside_regions, for one interval: the regions that begin at or
-// before a are the first upper_bound(a) of them). It remembers the stretch
-// of addresses [from, to) that share the last answer's regions, so a call
-// whose descriptors stay in a few regions searches rarely.
+// Whether [a, b) lies inside one region of table t: among the regions that
+// begin at or before a (the first upper_bound(a) of them), the largest end
+// is >= b. It remembers the stretch of addresses [from, to) that share the
+// last answer's regions, so descriptors that stay in a few regions (or come
+// in address order) search rarely.
 class RegionLookup {
  public:
   explicit RegionLookup(const SideTable& t) : t_(t) {}
@@ -267,6 +252,18 @@ class RegionLookup {
   uint64_t from_ = 1, to_ = 0;  // empty: the first lookup searches
   uint64_t max_end_ = 0;
 };
+
+// Every span lies inside one region of `side`; the first that does not, in
+// the order given, is refused.
+void check_inside_regions(const char* op, const char* name, const std::vector<Span>& spans,
+                          Side side, const Snapshot& snap) {
+  RegionLookup lookup(snap.sides[static_cast<int>(side)]);
+  for (const auto& x : spans) {
+    if (!lookup.inside(x.begin, x.end)) {
+      refuse_outside(op, name, x.index, x.begin, x.end - x.begin, side, snap);
+    }
+  }
+}
 
 // Calls of at least this many descriptors are first checked without sorting
 // (passes_unsorted); smaller calls, and any call that check fails, take the

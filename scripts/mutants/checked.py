@@ -2,6 +2,7 @@
 
 _OPS = ["tests/test_checked.py"]
 _OFF = ["tests/test_checked_offloader.py"]
+_LARGE = ["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"]
 _CPP = "csrc/core/checked.cpp"
 _PY = "torch_kvswap/_checked.py"
 
@@ -27,11 +28,11 @@ MUTANTS = [
     dict(
         name="checked-region-end-ignored",
         file=_CPP,
-        find="if (p == 0 || t.max_end[p - 1] < x.end) {",
-        replace="if (p == 0 || t.max_end[p - 1] <= x.begin) {",
+        find="    return b <= max_end_;",
+        replace="    return a < max_end_;",
         tests=_OPS,
         why="a descriptor that starts inside a region but runs past its end (an id one past "
-            "the last block) must be refused",
+            "the last block) must be refused, in small calls and large",
     ),
     dict(
         name="checked-region-side-ignored",
@@ -97,7 +98,7 @@ MUTANTS = [
         file=_CPP,
         find="    const uint64_t u1 = u0 + (static_cast<uint64_t>(size[i]) >> shift);",
         replace="    const uint64_t u1 = u0 + 1;",
-        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        tests=_LARGE,
         why="a destination of several units marked by its first only: overlaps further in pass",
     ),
     dict(
@@ -105,7 +106,7 @@ MUTANTS = [
         file=_CPP,
         find="    if (!chains || b <= lo || a >= end) continue;",
         replace="    if (true) continue;",
-        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        tests=_LARGE,
         why="a large call in random order whose source another descriptor writes must be refused",
     ),
     dict(
@@ -113,7 +114,7 @@ MUTANTS = [
         file=_CPP,
         find="const uint64_t u1 = ((std::min(b, end) - lo) + (uint64_t{1} << shift) - 1) >> shift;",
         replace="const uint64_t u1 = (std::min(b, end) - lo) >> shift;",
-        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        tests=_LARGE,
         why="a source ending part-way into a destination's unit still reads what it writes",
     ),
     dict(
@@ -121,16 +122,8 @@ MUTANTS = [
         file=_CPP,
         find="    if (!src_lookup.inside(a, b)) return false;\n",
         replace="",
-        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
+        tests=_LARGE,
         why="a large call's sources must lie inside registered regions too",
-    ),
-    dict(
-        name="checked-unsorted-region-end-ignored",
-        file=_CPP,
-        find="    return b <= max_end_;",
-        replace="    return a < max_end_;",
-        tests=["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"],
-        why="a large call's descriptor that runs past its region's end must be refused",
     ),
     # --- device-resident ids ---
     dict(
