@@ -26,6 +26,8 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 namespace kvswap {
 
@@ -61,6 +63,30 @@ inline const char* direction_name(int64_t code, const char* what = "direction") 
 inline Direction checked_direction(int64_t code, const char* what = "direction") {
   direction_name(code, what);
   return static_cast<Direction>(code);
+}
+
+// What an error says about the copies of its call. Every error raised before
+// any copy was queued ends in "nothing was copied"; one raised after copies
+// 0..queued-1 of a call's descriptors were queued says so and that they will
+// still run (`count`: the call's descriptors, as _plan_swap_blocks lists them).
+inline constexpr const char* kNothingCopied = "nothing was copied";
+
+inline std::string copies_left_behind(int64_t queued, int64_t count) {
+  if (queued <= 0) return kNothingCopied;
+  return "descriptors 0.." + std::to_string(queued - 1) + " of this call's " + std::to_string(count) +
+         " were queued before the failure and will still run; descriptors " + std::to_string(queued) +
+         ".." + std::to_string(count - 1) + " were not";
+}
+
+// Runs `f`, which queues no copy; an error it raises says nothing was copied.
+template <class F>
+decltype(auto) before_any_copy(F&& f) {
+  try {
+    return std::forward<F>(f)();
+  } catch (c10::Error& e) {
+    e.add_context(kNothingCopied);
+    throw;
+  }
 }
 
 // A validated, merged batch of copies, as handed to an engine. The three

@@ -262,6 +262,15 @@ def swap_src_devices_differ():
           dst=[torch.zeros(8, 4), torch.zeros(8, 4)])
 
 
+def swap_pairs_chain_through_one_cache():
+    x, y, z = torch.arange(32.).view(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)
+    _swap(src=[x, y], dst=[y, z], sid=_ids(0, 1), did=_ids(1, 2))  # y[1] written and read
+
+
+def swap_pairs_writing_one_cache():
+    _swap(src=[torch.ones(8, 4), torch.ones(8, 4)], dst=[torch.zeros(8, 4)] * 2)
+
+
 # --- expand_block_ids ----------------------------------------------------------
 
 def expand_factor_zero():
@@ -329,6 +338,11 @@ CASES = {
     "swap_read_and_write_same_block": (swap_read_and_write_same_block, ValueError, r"src_block_ids\[1\] = 2 is also a destination block"),
     "swap_overlapping_views": (swap_overlapping_views, ValueError, r"overlap in memory with different layouts"),
     "swap_dst_blocks_overlap": (swap_dst_blocks_overlap, ValueError, r"dst_caches\[0\]: blocks overlap in memory"),
+    "swap_pairs_chain_through_one_cache": (swap_pairs_chain_through_one_cache, ValueError,
+                                           r"dst_caches\[0\] block 1 .*written.* and src_caches\[1\] block 1 "
+                                           r".*read.* share the bytes"),
+    "swap_pairs_writing_one_cache": (swap_pairs_writing_one_cache, ValueError,
+                                     r"dst_caches\[0\] block \d .* and dst_caches\[1\] block \d .* share the bytes"),
     "swap_src_devices_differ": (swap_src_devices_differ, RuntimeError, r"src_caches\[1\] is on meta but src_caches\[0\] is on cpu"),
     "expand_factor_zero": (expand_factor_zero, ValueError, r"block_size_factor must be >= 1, got 0"),
     "expand_negative_skip": (expand_negative_skip, ValueError, r"skip_count must be in \[0, block_size_factor\) = \[0, 4\), got -1"),

@@ -579,6 +579,81 @@ def test_a_failing_descriptor_of_a_batch_is_reported(fake):
     assert F.last_error(True) == "cudaSuccess"
 
 
+# --- errors say what was copied -----------------------------------------------------------
+
+
+def test_a_per_copy_failure_names_the_descriptors_already_queued_and_they_land(fake):
+    """The legacy default stream takes the per-descriptor path."""
+    src = caches(4096, 8, "pinned", pairs=1)
+    dst = caches(4096, 8, "device", pairs=1)
+    want = expected(src, dst, torch.tensor([0, 2]), torch.tensor([1, 3]))
+    torch_kvswap.set_copy_method("dma")
+    F.set_fault("memcpy_fail_at", 2)
+    with pytest.raises(RuntimeError, match=r"descriptor 2: .*descriptors 0\.\.1 of this call's 4 were queued "
+                                           r"before the failure and will still run; descriptors 2\.\.3 were not"):
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2, 4, 6]), torch.tensor([1, 3, 5, 7]))
+    assert F.synchronize(0) == "cudaSuccess"
+    assert torch.equal(F.host_view(dst[0]), want[0])
+
+
+def test_a_failure_of_the_first_copy_says_nothing_was_copied(fake):
+    src = caches(4096, 8, "pinned", pairs=1)
+    dst = caches(4096, 8, "device", pairs=1)
+    before = F.host_view(dst[0]).clone()
+    torch_kvswap.set_copy_method("dma")
+    F.set_fault("memcpy_fail_at", 0)
+    with pytest.raises(RuntimeError, match=r"descriptor 0: .*\(nothing was copied\)$"):
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2]), torch.tensor([1, 3]))
+    assert F.synchronize(0) == "cudaSuccess"
+    assert torch.equal(F.host_view(dst[0]), before)
+
+
+def test_an_engine_error_before_any_copy_says_nothing_was_copied(fake):
+    side_stream()
+    src = caches(4096, 4, "pinned", pairs=1)
+    dst = caches(4096, 4, "device", pairs=1)
+    torch_kvswap.set_copy_method("dma")
+    F.set_fault("fail:cudaStreamIsCapturing", 1)
+    with pytest.raises(RuntimeError, match=r"\(nothing was copied\)$"):
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+
+
+def test_a_failed_batch_says_its_copies_may_have_been_queued(fake):
+    side_stream()
+    src = caches(4096, 8, "device", pairs=1)
+    dst = caches(4096, 8, "pinned", pairs=1)
+    F.set_fault("batch_fail_at", 2)
+    torch_kvswap.set_copy_method("dma")
+    with pytest.raises(RuntimeError, match=r"3 descriptors .*any of them may have been queued") as info:
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5]))
+    assert "nothing was copied" not in str(info.value)
+
+
+@pytest.mark.parametrize("fail_at,match", [
+    (0, r"\(nothing was copied\)$"),
+    (1, r"ids 0\.\.383 of pairs 16\.\.19; earlier launches of this call were queued and will still run: "
+        r"they copy ids 0\.\.383 of pairs 0\.\.15; the rest was not queued"),
+    (2, r"ids 384\.\.499 of pairs 0\.\.15; earlier launches of this call were queued and will still run: "
+        r"they copy ids 0\.\.383 of every pair; the rest was not queued"),
+    (3, r"ids 384\.\.499 of pairs 16\.\.19; earlier launches .* they copy ids 0\.\.383 of every pair, "
+        r"and ids 384\.\.499 of pairs 0\.\.15; the rest"),
+])
+def test_a_kernel_launch_failure_names_the_launches_already_queued(fake, fail_at, match):
+    """20 pairs, 500 host ids in 4 KiB parameters: 384 ids x 16 pairs per launch, 4 launches."""
+    F.set_fault("large_params_absent", 1)
+    F.rebind()
+    stream = side_stream()
+    src = caches(256, 600, "device", pairs=20, seed=27)
+    dst = caches(256, 600, "pinned", pairs=20, seed=28)
+    sid, did = torch.randperm(600)[:500], torch.randperm(600)[:500]
+    torch_kvswap.set_copy_method("kernel")
+    F.set_fault("launch_fail_at", fail_at)
+    with pytest.raises(RuntimeError, match=match):
+        torch_kvswap.swap_blocks(src, dst, sid, did)
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert len(F.launches()) == 7 * fail_at  # seven numbers per launch record
+
+
 def test_host_register_pins_in_place_and_releases(fake):
     buffer = torch.zeros(1 << 16, dtype=torch.uint8)
     dev = torch.device("cuda", 0)

@@ -347,7 +347,6 @@ def test_out_of_range_block_ids_are_rejected_before_any_copy(offloader, call, ma
     (lambda o: o.load(1, [0], [0]), r"loads move whole host blocks"),
     (lambda o: o.load(1, [0, 1], [0, 1, 2]), r"load of 2 host blocks fills 4 device blocks"),
     (lambda o: o.store(1, [[0, 1]], [0]), r"must be a 1-D array"),
-    (lambda o: o.store(1, [0.5, 1.0], [0]), r"integer block ids"),
     (lambda o: o.store(1, [0, 1, 2, 3], [1, 1]), r"destination block ids repeat"),
     (lambda o: o.transfer_async(1, (HostBlocks([0]), HostBlocks([1]))), r"one host \(CPU\) side"),
 ])
@@ -357,13 +356,81 @@ def test_mismatched_specs_are_rejected(offloader, call, match):
     assert offloader.pending() == []
 
 
+@pytest.mark.parametrize("call,match", [
+    (lambda o: o.store("a", [0, 1], [0]), r"job_id must be an int, got str 'a'"),
+    (lambda o: o.load(1.0, [0], [0, 1]), r"job_id must be an int, got float 1.0"),
+    (lambda o: o.store(True, [0, 1], [0]), r"job_id must be an int, got bool True"),
+    (lambda o: o.store(1, [0.5, 1.0], [0]), r"device_block_ids must hold integer block ids, got dtype float64"),
+    (lambda o: o.load(1, 3, [0, 1]), r"host_block_ids must be a 1-D sequence of integer block ids .*got int 3"),
+    (lambda o: o.store(1, "01", [0]), r"device_block_ids must be a 1-D sequence .*got str '01'"),
+    (lambda o: o.wait(1), r"job_ids must be an iterable of int job ids .*got int 1"),
+    (lambda o: o.wait(["x"]), r"job_ids entry must be an int, got str 'x'"),
+])
+def test_bad_job_ids_and_block_ids_raise_type_errors_naming_the_argument(offloader, call, match):
+    with pytest.raises(TypeError, match=match):
+        call(offloader)
+    assert offloader.pending() == []
+
+
+def test_constructor_errors_name_the_cache_by_its_key_and_k_or_v():
+    kv = torch.zeros(2, 4, 8)
+    with pytest.raises(ValueError, match=r"cache 'layer.1' V has 3 blocks, but 'layer.0' K has 4"):
+        KVCacheOffloader({"layer.0": kv, "layer.1": (kv[0], torch.zeros(3, 8))}, 16, 16, 1)
+    with pytest.raises(ValueError, match=r"cache 'layer.0' K: each block must be contiguous in memory, "
+                                         r"but dim 2 of shape \(4, 8, 2\) has stride 8 \(expected 1\)"):
+        KVCacheOffloader({"layer.0": torch.zeros(2, 4, 2, 8).transpose(-1, -2)}, 16, 16, 1)
+    with pytest.raises(ValueError, match=r"cache device_caches\[1\] is on meta, but device_caches\[0\]"):
+        KVCacheOffloader([torch.zeros(4, 8), torch.zeros(4, 8, device="meta")], 16, 16, 1)
+
+
+def test_strict_refuses_loads_of_never_stored_host_blocks_and_unknown_waits():
+    caches = make_caches("per_layer", 8, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 32, num_host_blocks=4, strict=True) as off:
+        with pytest.raises(ValueError, match=r"reads host block 1 \(sub-block 0\) of cache 'l0', "
+                                             r"which no store has written.*nothing was copied"):
+            off.load(1, [1], [0, 1])
+        with pytest.raises(KeyError, match="999"):
+            off.wait({999})
+        off.wait({999}, strict=False)  # a call may still ask for the lenient answer
+        off.store(2, [2, 3], [1])
+        off.wait({2})
+        off.load(3, [1], [4, 5])  # stored now
+        off.store(4, [6], [2])    # a partial store fills only sub-block 1 of host block 2
+        with pytest.raises(ValueError, match=r"host block 2 \(sub-block 0\)"):
+            off.load(5, [2], [0, 1])
+        off.wait(off.pending())
+        assert [r.success for r in off.get_finished()] == [True, True, True]
+        assert torch.equal(flat(caches)[0][4:6], flat(caches)[0][2:4])
+
+
+def test_a_failed_store_leaves_its_blocks_never_stored_under_strict():
+    caches = make_caches("per_layer", 8, torch.float16, layers=1)
+    with KVCacheOffloader(caches, 16, 16, num_host_blocks=4, strict=True) as off:
+        real = off._copy
+        off._copy = lambda job: (_ for _ in ()).throw(RuntimeError("injected")) if job.job_id == 1 else real(job)
+        off.store(1, [0], [3])
+        off.wait({1})
+        assert [r.success for r in off.get_finished()] == [False]
+        with pytest.raises(ValueError, match="which no store has written"):
+            off.load(2, [3], [0])
+
+
+def test_without_strict_a_never_stored_block_loads_zeros_and_unknown_waits_return():
+    caches = make_caches("per_layer", 8, torch.float16, layers=1)
+    with KVCacheOffloader(caches, 16, 16, num_host_blocks=4) as off:
+        off.load(1, [2], [5])
+        off.wait({1, 999})
+        assert [r.success for r in off.get_finished()] == [True]
+        assert not flat(caches)[0][5].any()
+
+
 def test_constructor_rejects_bad_sizes():
     caches = make_caches("per_layer", 4, torch.float16, layers=1)
     with pytest.raises(ValueError, match="multiple of device_block_size"):
         KVCacheOffloader(caches, 16, 24, 4)
     with pytest.raises(ValueError, match="num_host_blocks must be >= 1"):
         KVCacheOffloader(caches, 16, 32, 0)
-    with pytest.raises(ValueError, match="has 3 blocks, tensor 0 has 4"):
+    with pytest.raises(ValueError, match="cache 'b' has 3 blocks, but 'a' has 4"):
         KVCacheOffloader({"a": torch.zeros(4, 2), "b": torch.zeros(3, 2)}, 16, 16, 1)
     with pytest.raises(ValueError, match="empty"):
         KVCacheOffloader({}, 16, 16, 1)

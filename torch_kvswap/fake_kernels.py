@@ -17,16 +17,22 @@ import torch
 _ORDERED_EFFECT_OPS = ("kvswap::swap_blocks_batch",)
 
 
+def _refuse_unless(cond, message) -> None:
+    """torch._check for the copy ops: a refused call copies nothing, and says so
+    as the C++ core does ("... (nothing was copied)")."""
+    torch._check(cond, lambda: f"{message()} (nothing was copied)")
+
+
 def _check_descriptor(t: torch.Tensor, name: str, n) -> None:
-    torch._check(t.dtype == torch.int64, lambda: f"{name} must be int64, got {t.dtype}")
-    torch._check(t.dim() == 1, lambda: f"{name} must be 1-D, got {t.dim()}-D")
-    torch._check(t.device.type == "cpu", lambda: f"{name} must be a CPU tensor, got {t.device}")
-    torch._check(t.shape[0] == n, lambda: f"{name} must have the same length as src_ptrs")
+    _refuse_unless(t.dtype == torch.int64, lambda: f"{name} must be int64, got {t.dtype}")
+    _refuse_unless(t.dim() == 1, lambda: f"{name} must be 1-D, got {t.dim()}-D")
+    _refuse_unless(t.device.type == "cpu", lambda: f"{name} must be a CPU tensor, got {t.device}")
+    _refuse_unless(t.shape[0] == n, lambda: f"{name} must have the same length as src_ptrs")
 
 
 @torch.library.register_fake("kvswap::swap_blocks_batch")
 def _swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
-    torch._check(direction in (0, 1, 2), lambda: f"direction must be 0, 1 or 2, got {direction}")
+    _refuse_unless(direction in (0, 1, 2), lambda: f"direction must be 0, 1 or 2, got {direction}")
     _check_descriptor(src_ptrs, "src_ptrs", src_ptrs.shape[0] if src_ptrs.dim() == 1 else -1)
     _check_descriptor(dst_ptrs, "dst_ptrs", src_ptrs.shape[0])
     _check_descriptor(sizes, "sizes", src_ptrs.shape[0])
@@ -34,7 +40,7 @@ def _swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
 
 def _check_one_device(caches, name: str) -> None:
     for i, t in enumerate(caches):
-        torch._check(t.device == caches[0].device,
+        _refuse_unless(t.device == caches[0].device,
                      lambda: f"{name}[{i}] is on {t.device} but {name}[0] is on "
                              f"{caches[0].device}; all tensors of one list share a device")
 
@@ -43,22 +49,22 @@ def _check_one_device(caches, name: str) -> None:
 def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
     if not DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
         _warn_destinations_cloned()
-    torch._check(len(src_caches) == len(dst_caches),
+    _refuse_unless(len(src_caches) == len(dst_caches),
                  lambda: f"src_caches has {len(src_caches)} tensors but dst_caches has "
                          f"{len(dst_caches)}")
     _check_one_device(src_caches, "src_caches")
     _check_one_device(dst_caches, "dst_caches")
     for i, (s, d) in enumerate(zip(src_caches, dst_caches)):
-        torch._check(s.dtype == d.dtype,
+        _refuse_unless(s.dtype == d.dtype,
                      lambda: f"src_caches[{i}] is {s.dtype} but dst_caches[{i}] is {d.dtype}")
-        torch._check(s.dim() >= 1 and d.dim() >= 1,
+        _refuse_unless(s.dim() >= 1 and d.dim() >= 1,
                      lambda: f"src_caches[{i}] and dst_caches[{i}] need a block dimension")
-        torch._check(math.prod(s.shape[1:]) == math.prod(d.shape[1:]),
+        _refuse_unless(math.prod(s.shape[1:]) == math.prod(d.shape[1:]),
                      lambda: f"src_caches[{i}] and dst_caches[{i}] differ in bytes per block")
     for name, ids in (("src_block_ids", src_block_ids), ("dst_block_ids", dst_block_ids)):
-        torch._check(ids.dtype == torch.int64, lambda: f"{name} must be int64, got {ids.dtype}")
-        torch._check(ids.dim() == 1, lambda: f"{name} must be 1-D")
-    torch._check(src_block_ids.shape[0] == dst_block_ids.shape[0],
+        _refuse_unless(ids.dtype == torch.int64, lambda: f"{name} must be int64, got {ids.dtype}")
+        _refuse_unless(ids.dim() == 1, lambda: f"{name} must be 1-D")
+    _refuse_unless(src_block_ids.shape[0] == dst_block_ids.shape[0],
                  lambda: "src_block_ids and dst_block_ids must have the same length")
 
 

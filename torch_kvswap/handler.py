@@ -41,12 +41,14 @@ for, so ``get_finished`` on another thread is never held up by a submission,
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -65,6 +67,20 @@ _PAGE = 4096  # host mirrors start on page boundaries and never share a page
 # Host buffers whose unregistration failed at shutdown (see shutdown()).
 _STILL_REGISTERED: list[torch.Tensor] = []
 _LANES = ("store", "load", "expedited")
+# Offloaders not yet shut down. At interpreter exit each is shut down: its
+# in-flight jobs finish and its worker threads stop before the interpreter
+# tears down, instead of being cut off inside a copy (which aborts the
+# process: "terminate called without an active exception").
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live() -> None:
+    for offloader in list(_LIVE):
+        try:
+            offloader.shutdown()
+        except Exception:  # noqa: BLE001 - exit goes on; the others still shut down
+            logger.exception("kvswap: shutting down an offloader at exit failed")
 
 
 @dataclass(frozen=True)
@@ -117,13 +133,30 @@ def _is_host_spec(spec: Any) -> bool:
 def _as_ids(block_ids: BlockIds, name: str) -> np.ndarray:
     if isinstance(block_ids, torch.Tensor):
         block_ids = block_ids.detach().cpu().numpy()
+    if isinstance(block_ids, (str, bytes)) or not hasattr(block_ids, "__len__"):
+        raise TypeError(f"{name} must be a 1-D sequence of integer block ids (list, numpy array "
+                        f"or CPU tensor), got {type(block_ids).__name__} {block_ids!r}")
     arr = np.asarray(block_ids)
     if arr.size == 0:
         arr = arr.astype(np.int64)
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must be a 1-D array of integer block ids, got "
-                         f"dtype {arr.dtype} and shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name} must hold integer block ids, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of integer block ids, got shape {arr.shape}")
     return arr.astype(np.int64, copy=False)
+
+
+def _as_job_id(job_id: Any, name: str = "job_id") -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(job_id).__name__} {job_id!r}")
+    return int(job_id)
+
+
+def _as_job_ids(job_ids: Iterable[int]) -> set[int]:
+    if isinstance(job_ids, (str, bytes)) or not isinstance(job_ids, Iterable):
+        raise TypeError(f"job_ids must be an iterable of int job ids (a set, list or generator), "
+                        f"got {type(job_ids).__name__} {job_ids!r}")
+    return {_as_job_id(j, "job_ids entry") for j in job_ids}
 
 
 def _check_range(ids: np.ndarray, limit: int, name: str) -> None:
@@ -133,30 +166,49 @@ def _check_range(ids: np.ndarray, limit: int, name: str) -> None:
                          f"0..{limit - 1}")
 
 
-def _flatten_caches(caches: Mapping[str, Any] | Sequence[Any], kv_stacked: bool | None) -> list[torch.Tensor]:
-    """Per-layer caches -> the list of tensors whose dim 0 indexes blocks."""
-    values = list(caches.values()) if isinstance(caches, Mapping) else list(caches)
-    if not values:
+def _flatten_caches(caches: Mapping[str, Any] | Sequence[Any],
+                    kv_stacked: bool | None) -> tuple[list[torch.Tensor], list[str]]:
+    """Per-layer caches -> the tensors whose dim 0 indexes blocks, and a name
+    for each (its key, with K or V where an entry holds both)."""
+    if isinstance(caches, Mapping):
+        items = [(repr(k), v) for k, v in caches.items()]
+    else:
+        items = [(f"device_caches[{i}]", v) for i, v in enumerate(caches)]
+    if not items:
         raise ValueError("device_caches is empty")
     out: list[torch.Tensor] = []
-    for i, v in enumerate(values):
+    names: list[str] = []
+    for key, v in items:
         if isinstance(v, (tuple, list)):
             out.extend(v)  # (key, value) per layer
+            names.extend(f"{key} {'KV'[j] if len(v) == 2 else j}" for j in range(len(v)))
         elif isinstance(v, torch.Tensor):
             stacked = kv_stacked if kv_stacked is not None else (v.dim() >= 3 and v.shape[0] == 2)
             out.extend([v[0], v[1]] if stacked else [v])
+            names.extend([f"{key} K", f"{key} V"] if stacked else [key])
         else:
-            raise TypeError(f"device_caches entry {i} is {type(v).__name__}; expected a tensor or a "
-                            "(key, value) tuple of tensors")
-    first = out[0]
-    for i, t in enumerate(out):
+            raise TypeError(f"device_caches entry {key} is {type(v).__name__}; expected a tensor or "
+                            "a (key, value) tuple of tensors")
+    for t, name in zip(out, names):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"device_caches entry {name} is {type(t).__name__}; expected a tensor")
+    first, first_name = out[0], names[0]
+    for t, name in zip(out, names):
         if t.device != first.device:
-            raise ValueError(f"cache tensor {i} is on {t.device}, tensor 0 on {first.device}")
+            raise ValueError(f"cache {name} is on {t.device}, but {first_name} is on {first.device}")
+        if t.dim() < 1:
+            raise ValueError(f"cache {name} is a 0-d tensor; dim 0 must index blocks")
         if t.shape[0] != first.shape[0]:
-            raise ValueError(f"cache tensor {i} has {t.shape[0]} blocks, tensor 0 has {first.shape[0]}")
-        if not t[0].is_contiguous():
-            raise ValueError(f"cache tensor {i}: each block must be contiguous in memory")
-    return out
+            raise ValueError(f"cache {name} has {t.shape[0]} blocks, but {first_name} has "
+                             f"{first.shape[0]}; every cache tensor needs the same number of blocks")
+        expected = 1
+        for d in range(t.dim() - 1, 0, -1):
+            if t.shape[d] != 1 and t.stride(d) != expected:
+                raise ValueError(f"cache {name}: each block must be contiguous in memory, but dim {d} "
+                                 f"of shape {tuple(t.shape)} has stride {t.stride(d)} (expected "
+                                 f"{expected})")
+            expected *= t.shape[d]
+    return out, names
 
 
 def _check_groups(groups: Sequence[Sequence[int]] | None, num_tensors: int) -> list[list[int]]:
@@ -177,6 +229,36 @@ def _check_groups(groups: Sequence[Sequence[int]] | None, num_tensors: int) -> l
             raise ValueError(f"groups[{g}] names a cache tensor twice: {members}")
         out.append(members)
     return out
+
+
+def _check_groups_do_not_alias(tensors: list[torch.Tensor], names: list[str],
+                               groups: list[list[int]]) -> None:
+    """No two cache tensors of one group share a byte of their blocks: a
+    group is one swap_blocks call, whose pairs may not alias (the core would
+    refuse every load into them). Blocks interleaved on one stride (K and V
+    views of a ``[num_blocks, 2, ...]`` cache) are distinct memory."""
+    def extent(i: int) -> tuple[int, int]:
+        t = tensors[i]
+        block = t[0].numel() * t.element_size()
+        start = t.data_ptr()
+        return start, start + (t.shape[0] - 1) * t.stride(0) * t.element_size() + block
+
+    for g, members in enumerate(groups):
+        spans = sorted((extent(i) + (i,) for i in members if tensors[i].numel()), key=lambda e: e[0])
+        for k, (a0, a1, a) in enumerate(spans):
+            for b0, _b1, b in spans[k + 1:]:
+                if b0 >= a1:
+                    break
+                ta, tb = tensors[a], tensors[b]
+                stride = ta.stride(0) * ta.element_size()
+                if stride > 0 and stride == tb.stride(0) * tb.element_size():
+                    delta = (b0 - a0) % stride
+                    if delta >= ta[0].numel() * ta.element_size() and \
+                            delta + tb[0].numel() * tb.element_size() <= stride:
+                        continue  # interleaved: every block of one sits in the other's gaps
+                raise ValueError(f"caches {names[a]} and {names[b]} share memory (groups[{g}] holds "
+                                 "both); a load would write the same bytes twice in one call. Give "
+                                 "each cache tensor its own memory")
 
 
 @dataclass
@@ -249,6 +331,11 @@ class KVCacheOffloader:
             tensor plus 4 KiB) comes on top.
         check: track each host block and refuse jobs that break the contract
             (docs/checked.md); default: whether checked mode is on now.
+        strict: refuse, before any copy, a load that reads a host sub-block no
+            store has written (by default such a load copies the mirror's
+            zeros and succeeds, as in the reference), and make :meth:`wait`
+            raise ``KeyError`` for ids that are not pending. A bit per host
+            sub-block and cache tensor; far cheaper than checked mode.
 
     The host mirrors have the device caches' per-block layout, in one
     allocation whose start and every mirror start on a 4 KiB page boundary,
@@ -260,13 +347,15 @@ class KVCacheOffloader:
                  host_block_size: int, num_host_blocks: int | None = None, *,
                  kv_stacked: bool | None = None, pin_memory: bool | None = None,
                  groups: Sequence[Sequence[int]] | None = None,
-                 host_bytes: int | None = None, check: bool | None = None) -> None:
+                 host_bytes: int | None = None, check: bool | None = None,
+                 strict: bool = False) -> None:
         if device_block_size < 1 or host_block_size < 1 or host_block_size % device_block_size:
             raise ValueError(f"host_block_size ({host_block_size}) must be a positive multiple of "
                              f"device_block_size ({device_block_size})")
         self.factor = host_block_size // device_block_size
-        self.device_tensors = _flatten_caches(device_caches, kv_stacked)
+        self.device_tensors, self.cache_names = _flatten_caches(device_caches, kv_stacked)
         self.groups = _check_groups(groups, len(self.device_tensors))
+        _check_groups_do_not_alias(self.device_tensors, self.cache_names, self.groups)
         self.device = self.device_tensors[0].device
         self.num_device_blocks = self.device_tensors[0].shape[0]
         self._block_bytes = [t[0].numel() * t.element_size() for t in self.device_tensors]
@@ -294,6 +383,11 @@ class KVCacheOffloader:
         self._allocation, self._buffer, self.host_tensors = self._allocate_mirrors(
             on_accelerator if pin_memory is None else pin_memory)
         self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
+        #: whether loads of never-stored host sub-blocks and waits on unknown ids are refused
+        self.strict = bool(strict)
+        # strict: which host sub-block rows of which tensor a store has been submitted for
+        self._stored = np.zeros((len(self.device_tensors), self.num_host_blocks * self.factor),
+                                dtype=bool) if self.strict else None
         self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(self.device.type,
                                                                self.device.type.upper() + "_DEVICE")
 
@@ -316,6 +410,7 @@ class KVCacheOffloader:
                 for lane in _LANES}
             for w in self._workers.values():
                 w.start()
+        _LIVE.add(self)  # shut down at interpreter exit (_shutdown_live)
 
     # -- host mirrors ----------------------------------------------------------
 
@@ -389,7 +484,7 @@ class KVCacheOffloader:
         Returns ``True`` once the job is queued; raises before any copy on bad
         input. The copy is ordered after the work queued on the current stream.
         """
-        return self._submit(job_id, "store", _as_ids(device_block_ids, "device_block_ids"),
+        return self._submit(_as_job_id(job_id), "store", _as_ids(device_block_ids, "device_block_ids"),
                             _as_ids(host_block_ids, "host_block_ids"), offsets, group_sizes)
 
     def load(self, job_id: int, host_block_ids: BlockIds, device_block_ids: BlockIds, *,
@@ -400,7 +495,7 @@ class KVCacheOffloader:
         moves whole host blocks (``len(device_block_ids) == factor * len(host_block_ids)``).
         ``expedited=True`` runs it on its own lane, so it never queues behind
         ordinary loads (for loads the caller waits on right away)."""
-        return self._submit(job_id, "expedited" if expedited else "load",
+        return self._submit(_as_job_id(job_id), "expedited" if expedited else "load",
                             _as_ids(host_block_ids, "host_block_ids"),
                             _as_ids(device_block_ids, "device_block_ids"), offsets, group_sizes)
 
@@ -502,7 +597,7 @@ class KVCacheOffloader:
         is_store = lane == "store"
         device, host = (src, dst) if is_store else (dst, src)
         copies, num_bytes = self._plan(is_store, device, host, offsets, group_sizes)
-        job = _Job(int(job_id), lane, num_bytes, copies)
+        job = _Job(job_id, lane, num_bytes, copies)
         with self._lane_locks[lane]:  # launch order == table order, per lane
             with self._lock:
                 if self._closed:
@@ -511,6 +606,8 @@ class KVCacheOffloader:
                     raise ValueError(f"job id {job.job_id} is already in flight or not yet reported")
                 if self._checks is not None:
                     self._checks.admit(job)  # refuses before anything is queued
+                if self._stored is not None:
+                    self._track_stored(job)
                 self._pending[job.job_id] = job
                 self._fifo[lane].append(job)
             # Launched outside the table lock: get_finished never waits on a launch.
@@ -525,6 +622,26 @@ class KVCacheOffloader:
                 finally:
                     job.launched.set()
         return True
+
+    def _track_stored(self, job: _Job) -> None:
+        """strict: a load may read only host rows that a store was submitted
+        for; a store marks its rows (and a failed one unmarks them, _report)."""
+        for c in job.copies:
+            rows = (c.dst_ids if job.is_store else c.src_ids).numpy()
+            if job.is_store:
+                continue
+            stored = self._stored[np.ix_(c.tensors, rows)]
+            if not stored.all():
+                t, j = (int(x[0]) for x in np.nonzero(~stored))
+                row = int(rows[j])
+                raise ValueError(
+                    f"load (job {job.job_id}) reads host block {row // self.factor} (sub-block "
+                    f"{row % self.factor}) of cache {self.cache_names[c.tensors[t]]}, which no store "
+                    "has written; strict=True refuses loads of never-stored host blocks (nothing "
+                    "was copied)")
+        if job.is_store:
+            for c in job.copies:
+                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = True
 
     def _copy(self, job: _Job) -> None:
         src, dst = (self.device_tensors, self.host_tensors) if job.is_store else \
@@ -600,18 +717,23 @@ class KVCacheOffloader:
                 job.error = job.error or f"{type(exc).__name__}: {exc}"
             self._event_pool += [job.start_event, job.end_event]
         del self._pending[job.job_id]
+        if self._stored is not None and job.is_store and job.error is not None:
+            for c in job.copies:  # a failed store may have written part of its rows
+                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = False
         kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
         ok = job.error is None
         if self._checks is not None:
             self._checks.finish(job, ok)
         return TransferResult(job.job_id, ok, job.num_bytes if ok else 0, seconds, kind, job.error)
 
-    def wait(self, job_ids: Iterable[int], *, strict: bool = False) -> None:
+    def wait(self, job_ids: Iterable[int], *, strict: bool | None = None) -> None:
         """Block until every listed job has finished (it stays reportable by
         ``get_finished``). Ids that are not pending (already reported, or never
-        submitted) are ignored, as in the reference; ``strict=True`` raises
-        ``KeyError`` for them instead."""
-        wanted = set(job_ids)
+        submitted) are ignored, as in the reference; ``strict=True`` (default:
+        the offloader's ``strict``) raises ``KeyError`` for them instead.
+        ``job_ids`` is an iterable of ints (``wait({1})``, not ``wait(1)``)."""
+        wanted = _as_job_ids(job_ids)
+        strict = self.strict if strict is None else strict
         with self._lock:
             missing = wanted - self._pending.keys()
             if strict and missing:
@@ -643,13 +765,14 @@ class KVCacheOffloader:
             if self._closed:
                 return
             self._closed = True
+        _LIVE.discard(self)
         # A submission that passed the closed check is in the table now.
         for lock in self._lane_locks.values():
             with lock:
                 pass
         with self._lock:
             jobs = list(self._pending.values())
-        self.wait(j.job_id for j in jobs)
+        self.wait((j.job_id for j in jobs), strict=False)
         if self._workers is not None:
             for lane, worker in self._workers.items():
                 self._queues[lane].put(None)

@@ -75,7 +75,7 @@ def swap_blocks_batch(
             "would read here as 1 = DEVICE_TO_HOST, the reverse of the copy. Pass the direction "
             "explicitly: Direction.HOST_TO_DEVICE for vLLM's loads (CPU->GPU, "
             "is_src_access_order_any=True), Direction.DEVICE_TO_HOST for its stores (GPU->CPU, "
-            "False); see docs/ops.md")
+            "False); see docs/ops.md (nothing was copied)")
     torch.ops.kvswap.swap_blocks_batch.default(src_ptrs, dst_ptrs, sizes, int(direction))
 
 

@@ -59,7 +59,7 @@ MemcpyKind memcpy_kind(Direction direction) {
 // in part, and any part that was will still run. Nothing is claimed beyond
 // what CANN guarantees (docs/ascend.md, "What the engine relies on").
 std::string left_behind(int64_t queued, int64_t maybe) {
-  if (maybe == 0) return "no copy of this call was queued";
+  if (maybe == 0) return std::string(kNothingCopied) + ": no copy of this call was queued";
   std::string text;
   if (queued > 0) {
     text = "copies 0.." + std::to_string(queued - 1) +
@@ -120,7 +120,7 @@ AclStream Engine::current_stream(c10::Device device) const {
   AclStream handle = stream.native_handle();
   TORCH_CHECK(handle != nullptr, "kvswap Ascend engine: the current stream of ", device,
               " has a null ACL handle (torch_npu returns one when draining its task queue fails); "
-              "nothing was queued, since ACL would run the copies on the default stream, "
+              "nothing was copied: nothing was queued, since ACL would run the copies on the default stream, "
               "unordered with the work they depend on");
   return handle;
 }

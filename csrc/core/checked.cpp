@@ -438,6 +438,7 @@ void check_device_resident_ids(const at::Tensor& src_block_ids, const at::Tensor
                     "the stream of ", device, " is being captured: reading them back would "
                     "synchronize, which a capture forbids. Run the same calls once uncaptured "
                     "in checked mode to check them");
+    check_no_aliasing_pairs(pairs, "the block ids are on the device, which a capture cannot read back");
     return;
   }
   // Checked mode allows the synchronizing read-back that the kernel path

@@ -185,9 +185,24 @@ void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_cach
 void check_ids_tensor(const at::Tensor& ids, const char* name);
 
 // Every id in range for every tensor it indexes, no destination block written
-// twice, and no block both read and written when a pair shares memory.
+// twice, no block both read and written when a pair shares memory, and no
+// pair writing what another pair reads or writes (check_cross_pair_aliasing).
 void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n,
                      const std::vector<PairLayout>& pairs);
+
+// --- aliasing.cpp: one pair's writes against the other pairs ---------------
+
+// For ids that passed check_block_ids' range checks: no block that one pair
+// writes shares a byte with a block that another pair of the call reads or
+// writes. A ValueError names both blocks and the shared bytes.
+void check_cross_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n,
+                               const std::vector<PairLayout>& pairs);
+
+// Without the ids (block ids on the device, which are not read back): no
+// pair's written cache may share memory with another pair's caches at all,
+// unless their blocks interleave on one stride. `why` says why the ids are
+// not looked at.
+void check_no_aliasing_pairs(const std::vector<PairLayout>& pairs, const char* why);
 
 // --- descriptors.cpp: building, merging and ordering ------------------------
 

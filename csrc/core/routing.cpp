@@ -43,13 +43,23 @@ c10::Device pointer_op_device() {
   return c10::Device(*accelerator, at::accelerator::getDeviceIndex());
 }
 
+// The pointer op's descriptors, after every check (checked mode's too);
+// nothing is submitted yet.
+Descriptors plan_checked_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                                       const at::Tensor& sizes, int64_t direction, c10::Device device) {
+  return before_any_copy([&] {
+    auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
+    if (checked_mode()) {  // before anything is submitted (docs/checked.md)
+      check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
+    }
+    return plan;
+  });
+}
+
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
   const auto device = pointer_op_device();
-  const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  if (checked_mode()) {  // before anything is submitted (docs/checked.md)
-    check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
-  }
+  const auto plan = plan_checked_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
   submit(plan, static_cast<Direction>(direction), device);  // an empty plan asks no engine
 }
 
@@ -58,10 +68,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::
                                                                       const at::Tensor& sizes,
                                                                       int64_t direction) {
   const auto device = pointer_op_device();
-  const auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  if (checked_mode()) {  // before anything is submitted (docs/checked.md)
-    check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
-  }
+  const auto plan = plan_checked_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
   auto [s, d, z] = plan.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
@@ -270,20 +277,26 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
   // Checked mode reads them back and checks them, outside capture.
   const auto sid = src_block_ids.contiguous();
   const auto did = dst_block_ids.contiguous();
-  if (sid.device().is_cpu() && did.device().is_cpu()) {
-    check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
-  } else if (checked_mode()) {
-    check_device_resident_ids(sid, did, pairs, device);
-  }
+  before_any_copy([&] {
+    if (sid.device().is_cpu() && did.device().is_cpu()) {
+      check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
+    } else if (checked_mode()) {
+      check_device_resident_ids(sid, did, pairs, device);
+    } else {
+      check_no_aliasing_pairs(pairs, "the block ids are on the device, where they are not read back");
+    }
+  });
   kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches,
                               sid, did);
 }
 
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
                  const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
-  const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
-  if (!route.device.is_cpu() &&
-      choose_path(route, src_caches, dst_caches, src_block_ids, dst_block_ids) == Path::kKernel) {
+  const auto route = before_any_copy(
+      [&] { return route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids); });
+  if (!route.device.is_cpu() && before_any_copy([&] {
+        return choose_path(route, src_caches, dst_caches, src_block_ids, dst_block_ids);
+      }) == Path::kKernel) {
     swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs,
                           route.device);
     // The kernel reads or writes the mapped host caches when it runs.
@@ -294,10 +307,13 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
   // Ascend and CUDA the pinned allocator learns the copies' stream
   // (engines.cpp), so that a pinned host tensor freed while its copy is
   // queued is not handed out again before the copy has run.
-  const auto descriptors = describe_block_copy(route, src_block_ids, dst_block_ids);
-  if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   const bool ascend = route.device.type() == c10::DeviceType::PrivateUse1;
-  if (ascend) check_host_caches_pinned(src_caches, dst_caches, route.device);
+  const auto descriptors = before_any_copy([&] {
+    auto d = describe_block_copy(route, src_block_ids, dst_block_ids);
+    if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
+    return d;
+  });
+  if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   submit(descriptors, route.direction, route.device);
   if (ascend) record_host_use(src_caches, dst_caches, route.device);
   if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);
@@ -307,8 +323,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList s
                                                                 at::TensorList dst_caches,
                                                                 const at::Tensor& src_block_ids,
                                                                 const at::Tensor& dst_block_ids) {
-  const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
-  return describe_block_copy(route, src_block_ids, dst_block_ids).rows();
+  return before_any_copy([&] {
+    const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
+    return describe_block_copy(route, src_block_ids, dst_block_ids).rows();
+  });
 }
 
 }  // namespace

@@ -129,7 +129,8 @@ bool ranges_overlap(const CacheLayout& a, const CacheLayout& b, int64_t block_by
 }  // namespace
 
 // Every id in range for every tensor it indexes, no destination block written
-// twice, and no block both read and written when a pair shares memory.
+// twice, no block both read and written when a pair shares memory, and no
+// pair writing what another pair reads or writes.
 void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n,
                      const std::vector<PairLayout>& pairs) {
   if (n == 0 || pairs.empty()) {
@@ -188,6 +189,7 @@ void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n,
                         "may not be both read and written in one call");
     }
   }
+  check_cross_pair_aliasing(sid, did, n, pairs);
 }
 
 }  // namespace core

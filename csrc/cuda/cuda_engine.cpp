@@ -249,13 +249,16 @@ cudaMemcpyKind memcpy_kind(Direction direction) {
   TORCH_CHECK(false, "unreachable direction");
 }
 
-void copy_each(const CopyBatch& b, cudaStream_t stream) {
+// Sets `queued` once the first copy is queued; a failure after that says
+// which descriptors were queued before it.
+void copy_each(const CopyBatch& b, cudaStream_t stream, bool& queued) {
   const CudaApi& a = api();
   const cudaMemcpyKind kind = memcpy_kind(b.direction);
   for (int64_t i = 0; i < b.count; ++i) {
     KVSWAP_CUDA_CHECK(a.memcpy_async(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]),
                                      kind, stream),
-                      describe_descriptor(b, i));
+                      describe_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");
+    queued = true;
   }
 }
 
@@ -297,7 +300,9 @@ bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vect
       return false;
     }
     TORCH_CHECK(false, "kvswap CUDA engine: cudaMemcpyBatchAsync failed: ", describe_error(err), ". ",
-                b.count, " descriptors (", direction_name(static_cast<int64_t>(b.direction)), ")");
+                b.count, " descriptors (", direction_name(static_cast<int64_t>(b.direction)), "); ",
+                "any of them may have been queued, wholly or in part (the runtime does not say how far "
+                "it got), and what was will still run");
   }
   in_flight(device).hold(stream, std::move(keep_alive), std::move(args));
   return true;
@@ -307,15 +312,22 @@ bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vect
 
 void submit_cuda(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
                  int64_t direction, int64_t total_bytes, c10::Device device) {
-  const int index = checked_index(device);
-  const CopyBatch batch = batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes);
-  DeviceScope scope(index);
-  const cudaStream_t stream = api().current_stream(index);
-  if (!is_legacy(stream) && batch_enabled(index) && !is_capturing(stream) &&
-      copy_batched(batch, stream, index, {src_ptrs, dst_ptrs, sizes})) {
-    return;
+  bool queued = false;  // whether a copy of this call may have been queued
+  try {
+    const int index = checked_index(device);
+    const CopyBatch batch = batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes);
+    DeviceScope scope(index);
+    const cudaStream_t stream = api().current_stream(index);
+    if (!is_legacy(stream) && batch_enabled(index) && !is_capturing(stream)) {
+      queued = true;
+      if (copy_batched(batch, stream, index, {src_ptrs, dst_ptrs, sizes})) return;
+      queued = false;  // the batch API is unsupported here: nothing was queued
+    }
+    copy_each(batch, stream, queued);
+  } catch (c10::Error& e) {
+    if (!queued) e.add_context(kNothingCopied);
+    throw;
   }
-  copy_each(batch, stream);
 }
 
 // --- kernel path ----------------------------------------------------------------
@@ -388,9 +400,22 @@ struct KernelCall {
 
 // Splits the call over launches of parameter block P: ids in chunks, and
 // within a chunk pairs in chunks, as many as the blob holds.
+// What the launches before the one at (first_id, first_pair) queued: they
+// will still run.
+std::string launched_before(int64_t first_id, int64_t last_id, int64_t first_pair) {
+  std::ostringstream out;
+  out << "earlier launches of this call were queued and will still run: they copy ";
+  if (first_id > 0) out << "ids 0.." << first_id - 1 << " of every pair";
+  if (first_id > 0 && first_pair > 0) out << ", and ";
+  if (first_pair > 0) out << "ids " << first_id << ".." << last_id << " of pairs 0.." << first_pair - 1;
+  out << "; the rest was not queued";
+  return out.str();
+}
+
+// Sets `queued` once the first launch is queued.
 template <class P>
 void launch_all(const KernelCall& c, P& params,
-                cudaError_t (*launch)(const P*, unsigned, unsigned, cudaStream_t)) {
+                cudaError_t (*launch)(const P*, unsigned, unsigned, cudaStream_t), bool& queued) {
   const int64_t num_pairs = static_cast<int64_t>(c.pairs.size());
   const LaunchShape shape =
       launch_shape(num_pairs, c.n, int(c.sid_host != nullptr) + int(c.did_host != nullptr), P::kBlob);
@@ -414,15 +439,19 @@ void launch_all(const KernelCall& c, P& params,
       }
       KVSWAP_CUDA_CHECK(launch(&params, grid_x_for(count * c.slices), static_cast<unsigned>(np), c.stream),
                         "launching the block copy kernel (", sizeof(P), "-byte parameters) for ids ", first_id,
-                        "..", first_id + count - 1, " of pairs ", first_pair, "..", first_pair + np - 1);
+                        "..", first_id + count - 1, " of pairs ", first_pair, "..", first_pair + np - 1,
+                        queued ? "; " + launched_before(first_id, first_id + count - 1, first_pair) : "");
+      queued = true;
     }
   }
 }
 
 }  // namespace
 
-void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_caches,
-                             const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+namespace {
+
+void copy_by_kernel(at::TensorList src_caches, at::TensorList dst_caches, const at::Tensor& src_block_ids,
+                    const at::Tensor& dst_block_ids, bool& queued) {
   // The device: the accelerator side of the copy (the core checked that
   // every accelerator tensor is on one device).
   std::optional<c10::Device> found;
@@ -479,10 +508,23 @@ void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_cache
     // 32 KiB is too much for the stack of every thread that may call here.
     thread_local std::unique_ptr<CopyParamsLarge> large;
     if (!large) large = std::make_unique<CopyParamsLarge>();
-    launch_all(call, *large, api().launch_copy_large);
+    launch_all(call, *large, api().launch_copy_large, queued);
   } else {
     CopyParams params;
-    launch_all(call, params, api().launch_copy);
+    launch_all(call, params, api().launch_copy, queued);
+  }
+}
+
+}  // namespace
+
+void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_caches,
+                             const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
+  bool queued = false;  // whether a launch of this call was queued
+  try {
+    copy_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, queued);
+  } catch (c10::Error& e) {
+    if (!queued) e.add_context(kNothingCopied);
+    throw;
   }
 }
 

@@ -55,7 +55,7 @@ MUTANTS = [
     dict(
         name="ascend-pageable-host-caches-accepted",
         file="csrc/core/routing.cpp",
-        find="  if (ascend) check_host_caches_pinned(src_caches, dst_caches, route.device);\n",
+        find="    if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=FAKE,
         why="finding 4: pageable host caches reach CANN (test_4_tensor_op_refuses_pageable_host_caches)",

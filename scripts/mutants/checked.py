@@ -129,8 +129,8 @@ MUTANTS = [
     dict(
         name="checked-device-ids-unchecked",
         file="csrc/core/routing.cpp",
-        find="  } else if (checked_mode()) {\n    check_device_resident_ids(",
-        replace="  } else if (false) {\n    check_device_resident_ids(",
+        find="    } else if (checked_mode()) {\n      check_device_resident_ids(",
+        replace="    } else if (false) {\n      check_device_resident_ids(",
         tests=_OPS,
         why="ids the kernel path reads on the device must be checked like host ids",
     ),

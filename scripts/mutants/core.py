@@ -11,10 +11,12 @@ COMPILE = "tests/test_compile.py"
 EXPAND = "tests/test_expand_block_ids.py"
 BENCH = "tests/test_demo_and_bench.py"
 REGISTRY = "tests/test_registry.py"
+ALIASING = "tests/test_aliasing.py"
 
 VALIDATION = "csrc/core/validation.cpp"
 DESCRIPTORS = "csrc/core/descriptors.cpp"
 HOST = "csrc/host/host_engine.cpp"
+ALIASING_CPP = "csrc/core/aliasing.cpp"
 
 MUTANTS = [
     # --- validation (csrc/core/validation.cpp) --------------------------------
@@ -283,8 +285,8 @@ MUTANTS = [
          tests=[MALFORMED],
          why="caches on mixed devices are traced without an error"),
     dict(name="fake_descriptor_device_unchecked", file="torch_kvswap/fake_kernels.py",
-         find='torch._check(t.device.type == "cpu", lambda: f"{name} must be a CPU tensor',
-         replace='torch._check(True, lambda: f"{name} must be a CPU tensor',
+         find='_refuse_unless(t.device.type == "cpu", lambda: f"{name} must be a CPU tensor',
+         replace='_refuse_unless(True, lambda: f"{name} must be a CPU tensor',
          tests=[MALFORMED],
          why="descriptor tensors off the CPU are traced without an error"),
     dict(name="dry_run_fake_skips_checks", file="torch_kvswap/fake_kernels.py",
@@ -342,4 +344,45 @@ MUTANTS = [
          replace="r.ratio_to_run_limit = run_limit / r.gbps",
          tests=[BENCH],
          why="the ratio to the run's limit is reported upside down"),
+    # --- aliasing across pairs (csrc/core/aliasing.cpp) ------------------------
+    dict(name="cross_pair_aliasing_unchecked", file=VALIDATION,
+         find="  check_cross_pair_aliasing(sid, did, n, pairs);\n",
+         replace="",
+         tests=[ALIASING],
+         why="a pair writing what another pair of the call reads or writes races with it"),
+    dict(name="cross_pair_write_read_ignored", file=ALIASING_CPP,
+         find="if (!t.is_dst && reach_write != nullptr && reach_write->end > t.begin)",
+         replace="if (false)",
+         tests=[ALIASING],
+         why="a block read by one pair and written by another, the write starting first, is accepted"),
+    dict(name="cross_pair_write_after_any_ignored", file=ALIASING_CPP,
+         find="if (t.is_dst && reach_any != nullptr && reach_any->end > t.begin)",
+         replace="if (false)",
+         tests=[ALIASING],
+         why="a block written by one pair inside one that another pair reads or writes is accepted"),
+    dict(name="cross_pair_touching_blocks_refused", file=ALIASING_CPP,
+         find="reach_any->end > t.begin) report",
+         replace="reach_any->end >= t.begin) report",
+         tests=[ALIASING],
+         why="blocks that only touch share no byte and must be copied"),
+    dict(name="cross_pair_only_writes_compared", file=ALIASING_CPP,
+         find="if (x.pair == y.pair || (!x.is_dst && !y.is_dst)) continue;",
+         replace="if (x.pair == y.pair || !x.is_dst || !y.is_dst) continue;",
+         tests=[ALIASING],
+         why="a cache written by one pair and read by another is never compared"),
+    dict(name="cross_pair_extents_unsorted", file=ALIASING_CPP,
+         find="  std::sort(v.begin(), v.end(), by_begin);\n",
+         replace="",
+         tests=[ALIASING],
+         why="the sweep over extents needs them in address order, or it stops before an overlap"),
+    dict(name="cross_pair_extent_last_block_dropped", file=ALIASING_CPP,
+         find="return {c.base, c.base + (c.num_blocks - 1) * c.stride + block_bytes, pair, is_dst};",
+         replace="return {c.base, c.base + (c.num_blocks - 1) * c.stride, pair, is_dst};",
+         tests=[ALIASING],
+         why="an extent that ends before its last block misses an overlap with that block"),
+    dict(name="errors_do_not_say_nothing_was_copied", file="csrc/kvswap.h",
+         find="    e.add_context(kNothingCopied);\n    throw;\n  }\n}",
+         replace="    throw;\n  }\n}",
+         tests=[MALFORMED],
+         why="an error raised before any copy must say that nothing was copied"),
 ]

@@ -271,4 +271,47 @@ MUTANTS = [
         tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
         why="the fake pinned allocator ignores recorded streams, so no engine could be caught",
     ),
+    dict(
+        name="cuda-per-copy-error-hides-queued-copies",
+        file="csrc/cuda/cuda_engine.cpp",
+        find='describe_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");',
+        replace='describe_descriptor(b, i));',
+        tests=[FAKE + "::test_a_per_copy_failure_names_the_descriptors_already_queued_and_they_land"],
+        why="a failure at descriptor k of the per-copy path must say that descriptors 0..k-1 were queued "
+            "and will still run",
+    ),
+    dict(
+        name="cuda-submit-error-does-not-say-nothing-was-copied",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="    copy_each(batch, stream, queued);\n  } catch (c10::Error& e) {\n    if (!queued) e.add_context(kNothingCopied);",
+        replace="    copy_each(batch, stream, queued);\n  } catch (c10::Error& e) {",
+        tests=[FAKE + "::test_an_engine_error_before_any_copy_says_nothing_was_copied",
+               FAKE + "::test_a_failure_of_the_first_copy_says_nothing_was_copied"],
+        why="an engine error raised before any copy was queued must say that nothing was copied",
+    ),
+    dict(
+        name="cuda-failed-batch-claims-nothing-was-copied",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="      queued = true;\n      if (copy_batched(",
+        replace="      if (copy_batched(",
+        tests=[FAKE + "::test_a_failed_batch_says_its_copies_may_have_been_queued"],
+        why="a failed batch call may have queued part of its copies: its error must not say nothing "
+            "was copied",
+    ),
+    dict(
+        name="cuda-kernel-error-hides-earlier-launches",
+        file="csrc/cuda/cuda_engine.cpp",
+        find='queued ? "; " + launched_before(first_id, first_id + count - 1, first_pair) : "");',
+        replace='"");',
+        tests=[FAKE + "::test_a_kernel_launch_failure_names_the_launches_already_queued"],
+        why="a failed launch after earlier launches of the call must say which ids and pairs they copy",
+    ),
+    dict(
+        name="cuda-kernel-launch-error-drops-the-earlier-pairs",
+        file="csrc/cuda/cuda_engine.cpp",
+        find='  if (first_pair > 0) out << "ids " << first_id << ".." << last_id << " of pairs 0.." << first_pair - 1;',
+        replace="",
+        tests=[FAKE + "::test_a_kernel_launch_failure_names_the_launches_already_queued"],
+        why="the launches of the current ids for the pairs before the failing launch ran too",
+    ),
 ]

@@ -291,6 +291,8 @@ void set_fault(c10::string_view name, int64_t value) {
     f.batch_fail_at = value;
   } else if (name == "memcpy_fail_at") {
     f.memcpy_fail_at = value;
+  } else if (name == "launch_fail_at") {
+    f.launch_fail_at = value;
   } else if (name == "host_register_error") {
     f.host_register_error = err;
   } else if (name == "runtime_version") {

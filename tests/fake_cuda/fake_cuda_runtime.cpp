@@ -153,6 +153,7 @@ struct World {
   std::deque<Graph> graphs;
   Faults faults;
   int64_t memcpy_calls = 0;
+  int64_t launch_calls = 0;
   cudaError_t sticky = cudaSuccess;
   std::vector<std::string> log;
   std::vector<std::string> violations;
@@ -610,6 +611,7 @@ cudaError_t launch_kernel(const P* params, unsigned grid_x, unsigned grid_y, cud
   if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
   KVSWAP_FAKE_STICKY("cudaLaunchKernel", s);
   KVSWAP_FAKE_INJECT("cudaLaunchKernel", s);
+  if (w.launch_calls++ == w.faults.launch_fail_at) return note("cudaLaunchKernel", s, cudaErrorInvalidValue);
   if (const cudaError_t err = param_rule(sizeof(P))) return note("cudaLaunchKernel", s, err);
   if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
     return note("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
@@ -811,6 +813,7 @@ void reset(int devices) {
   }
   w.faults = Faults{};
   w.memcpy_calls = 0;
+  w.launch_calls = 0;
   w.sticky = cudaSuccess;
   w.log.clear();
   w.violations.clear();

@@ -61,6 +61,7 @@ struct Faults {
   cudaError_t batch_error = cudaSuccess;       // the batch call answers this
   int64_t batch_fail_at = -1;                  // a batch with more descriptors fails (invalid value)
   int64_t memcpy_fail_at = -1;                 // the k-th cudaMemcpyAsync since reset fails
+  int64_t launch_fail_at = -1;                 // the k-th kernel launch since reset fails
   cudaError_t host_register_error = cudaSuccess;
   int runtime_version = 13000;
   int driver_version = 13000;
