@@ -176,6 +176,17 @@ def test_an_aliasing_pair_among_many_in_random_address_order_is_found(mode):
     assert not buf.any()
 
 
+def test_layouts_found_disjoint_before_do_not_hide_an_alias_in_a_later_pair(mode):
+    """A thread remembers the last layouts it found disjoint; a call that
+    differs in any pair is looked at afresh."""
+    buf = torch.zeros(4 * 8 * BLOCK, dtype=torch.uint8)
+    x, y, z, w = (cache(buf, k * 8 * BLOCK, 8) for k in range(4))
+    run(buf, [x, y], [z, w], [0], [1])
+    run(buf, [x, y], [z, w], [0], [1])  # the same layouts again
+    with pytest.raises(ValueError, match=r"dst_caches\[0\] block 1 .* dst_caches\[1\] block 1"):
+        run(buf, [x, y], [z, z], [0], [1])
+
+
 def test_the_offloader_refuses_caches_of_one_group_that_alias():
     layer = torch.zeros(8, 4, 16)
     with pytest.raises(ValueError, match=r"caches 'a' and 'b' share memory \(groups\[0\] holds both\)"):

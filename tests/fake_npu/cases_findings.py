@@ -109,7 +109,7 @@ def test_4_tensor_op_refuses_pageable_host_caches(fake, side):
 def test_5_null_stream_is_refused(fake):
     src, dst = host_blocks(4, BLOCK, 1), device_blocks(4, BLOCK, 2)
     fake.null_stream_next()
-    with pytest.raises(RuntimeError, match="null ACL handle.*nothing was queued"):
+    with pytest.raises(RuntimeError, match="null ACL handle.*nothing was copied: nothing was queued"):
         torch_kvswap.swap_blocks([src], [dst], torch.tensor([0]), torch.tensor([1]))
     assert fake.calls("aclrtMemcpyBatchAsync") == 0 and fake.pending(0, 0) == 0
 
@@ -168,7 +168,7 @@ def test_9_capture_over_the_task_capacity_is_refused(fake):
     src, dst = device_blocks(2 * n, 64, 1), host_blocks(2 * n, 64, 2)
     fake.capture_begin(0, 0)
     try:
-        with pytest.raises(RuntimeError, match=r"32769 copies.*at most 32768.*EE1023.*no copy of this call was queued"):
+        with pytest.raises(RuntimeError, match=r"32769 copies.*at most 32768.*EE1023.*nothing was copied: no copy of this call was queued"):
             pointer_copy(src, dst, scattered(n), 1, block=64)
     finally:
         graph = fake.capture_end(0, 0)
@@ -213,6 +213,6 @@ def test_12_unaligned_device_to_device_copy_is_refused_before_queuing(fake):
     src, dst = device_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     sp = torch.tensor([src.data_ptr(), src.data_ptr() + 2 * BLOCK, src.data_ptr() + 4 * BLOCK + 32])
     dp = torch.tensor([dst.data_ptr(), dst.data_ptr() + 2 * BLOCK, dst.data_ptr() + 4 * BLOCK])
-    with pytest.raises(ValueError, match=r"descriptor 2:.*64-byte-aligned.*no copy of this call was queued"):
+    with pytest.raises(ValueError, match=r"descriptor 2:.*64-byte-aligned.*nothing was copied: no copy of this call was queued"):
         torch_kvswap.swap_blocks_batch(sp, dp, torch.full((3,), 256), 2)
     assert fake.pending(0, 0) == 0
