@@ -177,6 +177,12 @@ def test_a_crossover_above_the_threshold_is_reported_with_what_auto_loses():
     assert c["auto_worst"] == {"block_kib": 32, "best_over_auto": 2.0}  # auto takes DMA at 32 and 48
 
 
+def test_a_kernel_still_faster_at_the_threshold_disagrees_with_auto():
+    bench = grid_rows(lambda d, k, p: {"kernel": 10.0, "batch_dma": 5.0 if k <= 32 else 20.0}.get(p, 1.0))
+    c = R.crossover(bench["results"])[0]
+    assert c["dma_from_kib"] == 48 and not c["agrees_with_auto"]  # auto takes DMA at 32, where it loses
+
+
 def test_no_crossover_when_the_kernel_wins_at_the_largest_size():
     bench = grid_rows(lambda d, k, p: {"kernel": 30.0 if k == 1024 else 10.0, "batch_dma": 20.0}.get(p, 1.0))
     assert R.crossover(bench["results"])[0]["dma_from_kib"] is None
