@@ -116,7 +116,7 @@ mkdir -p "$RUN/logs" "$RUN/tmp" "$CACHE"
 [ "$MODE" = dry ] && [ -z "${KVSWAP_GPU_CHECK_KEEP:-}" ] && trap 'rm -rf "$RUN"' EXIT
 export TMPDIR="$RUN/tmp" XDG_CACHE_HOME="$CACHE/xdg" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR="$CACHE/inductor" TRITON_CACHE_DIR="$CACHE/triton" TRITON_HOME="$CACHE/triton-home"
-export CUDA_CACHE_PATH="$CACHE/nv" TORCH_EXTENSIONS_DIR="$CACHE/torch_extensions"
+export CUDA_CACHE_PATH="$CACHE/nv" TORCH_EXTENSIONS_DIR="$CACHE/torch_extensions" HYPOTHESIS_STORAGE_DIRECTORY="$CACHE/hypothesis"
 # The toolkit's tools (nvcc, compute-sanitizer) where PATH may lack them.
 [ "$MODE" = gpu ] && export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
 
@@ -130,8 +130,8 @@ REPORT=("$PY" "$ROOT/scripts/gpu_report.py")
 
 # A build that is already in the tree is reused by a run without `build`.
 engine_loads() {
-  if [ "$MODE" = dry ]; then "$PY" -c 'import torch_kvswap._fake_cuda' 2>/dev/null
-  else "$PY" -c 'import torch_kvswap as k, sys; sys.exit(0 if k.ENGINES.get("cuda") else 1)' 2>/dev/null; fi
+  if [ "$MODE" = dry ]; then "$PY" -c 'import torch_kvswap._fake_cuda' >/dev/null 2>&1
+  else "$PY" -c 'import torch_kvswap as k, sys; sys.exit(0 if k.ENGINES.get("cuda") else 1)' >/dev/null 2>&1; fi
 }
 if [ -z "${WANT[build]+x}" ] && ! engine_loads; then
   echo "gpu_check: no usable build in the tree: build added to this run"
@@ -207,7 +207,8 @@ build() {
       "$PY" -c 'import torch_kvswap._fake_cuda; print("fake CUDA engine built")'
     return
   fi
-  KVSWAP_BUILD_CUDA=1 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=0 TORCH_CUDA_ARCH_LIST=9.0 \
+  # KVSWAP_VERBOSE_BUILD: the compiler's output into this step's log, not a file in TMPDIR.
+  KVSWAP_BUILD_CUDA=1 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=0 TORCH_CUDA_ARCH_LIST=9.0 KVSWAP_VERBOSE_BUILD=1 \
     MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py build_ext --inplace --build-temp "$BASE/build" &&
   "$PY" -c 'import torch_kvswap as k; print("engines:", k.ENGINES, k._loader.ENGINE_ERRORS); assert k.ENGINES["cuda"]'
 }

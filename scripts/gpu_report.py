@@ -401,7 +401,10 @@ def write_summary(run: str, out: str, final: bool) -> int:
         pass
     failed = [s for s in ran if by_step[s]["status"] != "ok" and s not in ("report",)]
     summary["failed"] = failed
-    summary["second_shot"] = ("bash scripts/gpu_check.sh --only " + ",".join(failed)) if failed else None
+    # The build goes first: ninja rebuilds only what a fix changed (nothing on a warm
+    # machine without one), and a fresh machine needs it anyway.
+    again = ["build"] + [s for s in failed if s not in ("build", "preflight")]
+    summary["second_shot"] = f"bash scripts/gpu_check.sh --only {','.join(again)}" if failed else None
     problems: list[str] = []
     if final:
         for s in meta.get("steps_to_run", []):

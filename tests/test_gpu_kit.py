@@ -244,6 +244,23 @@ def test_the_goals_are_the_ones_docs_performance_md_states():
     assert bullets == [text for _, text in R.GOALS]
 
 
+def test_the_summary_names_the_second_shot_for_the_failed_steps(tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    (run / "logs").mkdir(parents=True)
+    out.mkdir()
+    write(run / "meta.json", json.dumps({"mode": "gpu", "all_steps": ["preflight", "build", "tests", "bench"],
+                                         "steps_to_run": ["preflight", "build", "tests", "bench"]}))
+    for step, status in (("preflight", "ok"), ("build", "ok"), ("tests", "failed (exit 1)"),
+                         ("bench", "timed out after 45s")):
+        write(run / "logs" / f"{step}.log", f"{step} output\n")
+        assert R.record(str(run), str(out), step, status, 3, 10) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == ["tests", "bench"] and not summary["ok"]
+    assert summary["second_shot"] == "bash scripts/gpu_check.sh --only build,tests,bench"
+    assert summary["steps"][2]["result"]["log_tail"] == ["tests output"]
+    assert summary["out_check"] == {"ok": True, "problems": [], "files": ["logs.tar.gz", "summary.json"]}
+
+
 # --- nothing written in the tree -------------------------------------------------------------
 
 
