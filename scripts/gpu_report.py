@@ -2,6 +2,7 @@
 
     python scripts/gpu_report.py record RUN OUT STEP STATUS SECONDS BUDGET [--final]
     python scripts/gpu_report.py judge RUN OUT
+    python scripts/gpu_report.py collected JUNIT.xml NODE_ID...
 
 ``record`` adds one step's record (with what its logs and JSON say) to
 RUN/steps.jsonl, rewrites OUT/summary.json from it, packs RUN/logs into
@@ -11,7 +12,9 @@ that every step that ran left its record and JSON, and that nothing was
 written into the tree outside the build's outputs; it exits 1 when a check
 fails. ``judge`` checks the probe and bench results and judges
 docs/performance.md's GPU goals (RUN/judged.json), exit 1 when a result
-failed its check or is missing.
+failed its check or is missing. ``collected`` says whether a pytest run's
+junit XML holds every test named (a dry run's racecheck: its tests are among
+memcheck's).
 
 RUN is the run's own folder under /tmp (logs, junit XML, sanitizer logs);
 OUT is what comes back. The rules, the bench grid and the goals live here so
@@ -467,7 +470,22 @@ def judge(run: str, out: str) -> int:
     return 1 if problems else 0
 
 
+def collected(junit: str, node_ids: list[str]) -> list[str]:
+    """The node ids (path::name[params]) that a pytest run's junit XML holds no test case of."""
+    try:
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError) as exc:
+        return [f"{junit}: {exc}"]
+    have = {c.get("name") for c in root.iter("testcase")}
+    return [n for n in node_ids if n.rpartition("::")[2] not in have]
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[1] == "collected":
+        missing = collected(argv[2], argv[3:])
+        print("\n".join(f"not collected: {m}" for m in missing) or
+              f"{len(argv) - 3} of {len(argv) - 3} tests collected by that run")
+        return 1 if missing else 0
     if len(argv) >= 8 and argv[1] == "record":
         return record(*argv[2:8], final="--final" in argv[8:])
     if len(argv) == 4 and argv[1] == "judge":

@@ -346,3 +346,12 @@ def test_an_out_that_is_not_a_writable_folder_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
     got = run_kit("--dry-run", OUT=str(tmp_path / "file"))
     assert got.returncode == 2 and "is not a writable directory" in got.stderr
+
+
+def test_collected_names_the_tests_a_junit_run_lacks(tmp_path):
+    xml = write(tmp_path / "m.xml", '<testsuites><testsuite tests="2">'
+                                    '<testcase classname="tests.test_a" name="test_x[kernel-h2d]"/>'
+                                    '<testcase classname="tests.test_a" name="test_y"/></testsuite></testsuites>')
+    assert R.collected(str(xml), ["tests/test_a.py::test_x[kernel-h2d]", "tests/test_a.py::test_y"]) == []
+    assert R.collected(str(xml), ["tests/test_a.py::test_x[kernel-d2h]"]) == ["tests/test_a.py::test_x[kernel-d2h]"]
+    assert R.collected(str(tmp_path / "none.xml"), ["x"])[0].startswith(str(tmp_path / "none.xml"))
