@@ -1,7 +1,6 @@
-"""GPU probes and benchmark of the CUDA engine, run by scripts/gpu_check.sh.
+"""GPU probes of the CUDA engine, run by scripts/gpu_check.sh; its backends serve gpu_bench.py.
 
-    python scripts/gpu_probe.py probe OUT.json [--fake]   # capture + replay on every path
-    python scripts/gpu_probe.py bench OUT.json [--fake]   # H2D / D2H GB/s per path
+    python scripts/gpu_probe.py OUT.json [--fake]   # capture + replay on every path
 
 Each result is written to the JSON file as soon as it exists, so a timeout
 keeps what was measured before it. Every probe checks every block it claims
@@ -35,9 +34,10 @@ class Results:
                            "gpu": backend.name(), "backend": backend.kind, "results": []}
         self.flush()
 
-    def add(self, **entry):
+    def add(self, flush=True, **entry):
         self.data["results"].append(entry)
-        self.flush()
+        if flush:
+            self.flush()
         print(json.dumps(entry), flush=True)
 
     def flush(self):
@@ -101,18 +101,22 @@ class CudaBackend:
     def pointer_copy(self, sp, dp, sizes, direction):
         torch_kvswap.swap_blocks_batch(sp, dp, sizes, direction)
 
-    def timed(self, fn, stream, reps=5):
+    def bench_stream(self):
+        return torch.cuda.Stream()
+
+    def times(self, fn, stream, reps):
+        """Seconds of each of `reps` runs of fn on `stream` (the current one), after a warm-up."""
         fn()
         stream.synchronize()
-        best = float("inf")
+        secs = []
         for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
             fn()
             end.record(stream)
             end.synchronize()
-            best = min(best, start.elapsed_time(end) * 1e-3)
-        return best
+            secs.append(start.elapsed_time(end) * 1e-3)
+        return secs
 
 
 class FakeBackend(CudaBackend):
@@ -125,6 +129,7 @@ class FakeBackend(CudaBackend):
     def __init__(self):
         import torch_kvswap._fake_cuda  # noqa: F401 - registers torch.ops.kvswap_fake_cuda
 
+        torch.set_num_threads(1)  # a shared CI machine: torch's CPU thread pool only waits there
         self.F = torch.ops.kvswap_fake_cuda
         self.F.install()
         self.F.reset(2)
@@ -205,16 +210,19 @@ class FakeBackend(CudaBackend):
         torch.ops.kvswap._submit.default.redispatch(self.CUDA, sp, dp, sizes, int(direction), total,
                                                    torch.device("cuda", 0))
 
-    def timed(self, fn, stream, reps=2):
+    def bench_stream(self):
+        return self.stream  # the stream capture() captures on
+
+    def times(self, fn, stream, reps):
         fn()
         self.sync_stream(stream)
-        best = float("inf")
+        secs = []
         for _ in range(reps):
             t0 = time.perf_counter()
             fn()
             self.sync_stream(stream)
-            best = min(best, time.perf_counter() - t0)
-        return best
+            secs.append(time.perf_counter() - t0)
+        return secs
 
 
 def random_blocks(blocks, block_bytes, seed):
@@ -377,77 +385,9 @@ def probe(path: str, B) -> int:
     return 1 if failures else 0
 
 
-# --- benchmark ------------------------------------------------------------------------
-
-
-def bench(path: str, B) -> int:
-    out = Results(path, B)
-    total = (64 << 20) if B.kind == "cuda" else (1 << 20)
-    for direction in ("h2d", "d2h"):
-        for kib in (2, 16, 256):
-            bb = kib * 1024
-            blocks = total // bb
-            host_cpu, dev_cpu = random_blocks(blocks, bb, 7), random_blocks(blocks, bb, 8)
-            host, dev = B.pinned_tensor(host_cpu), B.device_tensor(dev_cpu)
-            src, dst = (host, dev) if direction == "h2d" else (dev, host)
-            src_cpu = host_cpu if direction == "h2d" else dev_cpu
-            sid_cpu = torch.randperm(blocks)
-            did_cpu = torch.randperm(blocks)
-            side = B.new_stream()
-            flat_src = src.view(-1)
-            flat_dst = dst.view(-1)
-            if B.kind == "cuda":
-                with B.on(side):
-                    base = B.timed(lambda: flat_dst.copy_(flat_src, non_blocking=True), side)
-            else:  # one contiguous copy through the fake runtime: the pointer op, one descriptor
-                sp, dp = torch.tensor([flat_src.data_ptr()]), torch.tensor([flat_dst.data_ptr()])
-                kind = torch_kvswap.Direction.HOST_TO_DEVICE if direction == "h2d" else \
-                    torch_kvswap.Direction.DEVICE_TO_HOST
-                with B.on(side):
-                    base = B.timed(lambda: B.pointer_copy(sp, dp, torch.tensor([total]), kind), side)
-            B.synchronize()
-            out.add(direction=direction, block_kib=kib, path="contiguous", seconds=base,
-                    gbps=total / base / 1e9, ok=bool(torch.equal(B.read(dst), src_cpu)))
-            paths = [("batch_dma", "dma", side, "host"), ("per_descriptor", "dma", None, "host"),
-                     ("kernel_host_ids", "kernel", side, "host"), ("kernel_device_ids", "kernel", side, "device")]
-            for name, method, stream, where in paths:
-                torch_kvswap.set_copy_method(method)
-                sid, did = B.ids(sid_cpu.tolist(), where), B.ids(did_cpu.tolist(), where)
-                B.synchronize()
-                B.fill(dst, torch.zeros_like(host_cpu))  # the baseline copied every row
-                s = stream if stream is not None else (torch.cuda.default_stream() if B.kind == "cuda" else 0)
-                try:
-                    with B.on(s):
-                        secs = B.timed(lambda: torch_kvswap.swap_blocks([src], [dst], sid, did), s)
-                    B.synchronize()
-                    ok = bool(torch.equal(B.read(dst)[did_cpu], src_cpu[sid_cpu]))  # every block
-                    out.add(direction=direction, block_kib=kib, path=name, seconds=secs,
-                            gbps=total / secs / 1e9, vs_contiguous=base / secs, ok=ok)
-                except Exception as exc:  # noqa: BLE001 - recorded
-                    out.add(direction=direction, block_kib=kib, path=name, ok=False,
-                            error=f"{type(exc).__name__}: {exc}"[:2000])
-            del host, dev, flat_src, flat_dst
-    torch_kvswap.set_copy_method("auto")
-    res = out.data["results"]
-
-    def ratio(d, kib, path):
-        r = [x for x in res if x.get("direction") == d and x.get("block_kib") == kib and x.get("path") == path]
-        return r[0].get("vs_contiguous") if r else None
-
-    out.data["goals"] = {
-        f"{d}: batch DMA at {kib} KiB >= {goal}x contiguous": (ratio(d, kib, "batch_dma"), goal)
-        for d in ("h2d", "d2h") for kib, goal in ((16, 0.8), (256, 0.9))}
-    for d in ("h2d", "d2h"):
-        k, b = ratio(d, 2, "kernel_host_ids"), ratio(d, 2, "batch_dma")
-        out.data["goals"][f"{d}: kernel at 2 KiB >= 5x batch DMA"] = (k / b if k and b else None, 5.0)
-    out.flush()
-    return 0 if all(x.get("ok") for x in res) else 1
-
-
 def main(argv):
-    mode, path = argv[1], argv[2]
-    backend = FakeBackend() if "--fake" in argv[3:] else CudaBackend()
-    return probe(path, backend) if mode == "probe" else bench(path, backend)
+    backend = FakeBackend() if "--fake" in argv[2:] else CudaBackend()
+    return probe(argv[1], backend)
 
 
 if __name__ == "__main__":

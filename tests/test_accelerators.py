@@ -302,20 +302,21 @@ def test_cuda_capture_on_every_path(method, id_place, block_bytes):
             assert torch.equal(h[want_d], d.cpu()[want_s])
 
 
-def test_gpu_check_budgets_fit_within_the_total():
-    """scripts/gpu_check.sh gets one short shot on a GPU machine: its step budgets must sum
-    within its total, so that no step's budget is cut by the ones before it and the
-    benchmark keeps its slot."""
+def test_gpu_check_budgets_fit_two_shots_in_one_lease():
+    """scripts/gpu_check.sh runs on a GPU machine lent for 15 minutes in all, start-ups
+    included: one run takes at most 270 s, build included, so that a second shot
+    (--only the failed steps) fits after a fix. Its step budgets must sum within that
+    total, so that no step's budget is cut by the ones before it; the bench and the
+    report keep their slots."""
     import json
     import pathlib
     import subprocess
 
     script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
-    out = subprocess.run(["bash", str(script), "--budgets"], check=True, capture_output=True, text=True)
+    out = subprocess.run(["bash", str(script), "--budgets"], check=True, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
     budgets = json.loads(out.stdout)
     steps = budgets["steps"]
-    assert list(steps) == ["preflight", "build", "tests", "memcheck", "probe", "bench", "report"]
-    assert sum(steps.values()) <= budgets["total"], budgets
-    assert budgets["guarded"] == "bench" and steps["bench"] >= 60
-    # The whole shot, machine start-up included, fits the device time of a task (15 min).
-    assert budgets["total"] <= 8 * 60
+    assert list(steps) == ["preflight", "build", "tests", "probe", "bench", "memcheck", "racecheck", "report"]
+    assert sum(steps.values()) <= budgets["total"] <= 270, budgets
+    assert budgets["guarded"] == ["bench", "report"] and steps["bench"] >= 30 and steps["report"] >= 5

@@ -1,0 +1,50 @@
+"""Mutants of the GPU kit's own checks (scripts/gpu_report.py): each reverts one
+finding of issue 26 (results that would not come back from the GPU machine,
+goals printed but never judged, a sanitizer run that saw nothing) or breaks the
+crossover the bench decides with. tests/test_gpu_kit.py pins each down."""
+
+T = "tests/test_gpu_kit.py"
+F = "scripts/gpu_report.py"
+
+MUTANTS = [
+    dict(
+        name="gpukit-out-file-count-unchecked",
+        file=F,
+        find="    if len(files) > MAX_FILES:\n",
+        replace="    if len(files) > MAX_FILES + 9:\n",
+        tests=[T + "::test_more_than_six_files_are_refused"],
+        why="the dry run left 15 files in $OUT; the device returns 8 and the summary may be among those lost",
+    ),
+    dict(
+        name="gpukit-out-folders-allowed",
+        file=F,
+        find="        for d in sorted(dirnames):\n            problems.append(",
+        replace="        for d in sorted(dirnames)[:0]:\n            problems.append(",
+        tests=[T + "::test_folders_and_the_files_in_them_are_refused"],
+        why="caches under $OUT/cache/... lie deeper than the device returns",
+    ),
+    dict(
+        name="gpukit-ratio-goals-always-pass",
+        file=F,
+        find='                "verdict": "pass" if v >= target else "fail"}',
+        replace='                "verdict": "pass"}',
+        tests=[T + "::test_each_goal_fails_where_its_number_falls_short"],
+        why="the bench's goals were printed but never judged",
+    ),
+    dict(
+        name="gpukit-sanitizer-skipped-tests-pass",
+        file=F,
+        find='                     "verdict": "pass" if clean and not unrun else "fail"}',
+        replace='                     "verdict": "pass" if clean else "fail"}',
+        tests=[T + "::test_the_sanitizer_goal_fails_when_its_tests_skipped_or_it_printed_no_summary"],
+        why="a memcheck whose tests all skipped (no GPU seen) reads as clean",
+    ),
+    dict(
+        name="gpukit-crossover-off-by-one-size",
+        file=F,
+        find="                max([k for k in sizes if k < dma_from], default=0) < AUTO_THRESHOLD_KIB <= dma_from,",
+        replace="                max([k for k in sizes if k < dma_from], default=0) <= AUTO_THRESHOLD_KIB <= dma_from,",
+        tests=[T + "::test_a_kernel_still_faster_at_the_threshold_disagrees_with_auto"],
+        why="a crossover one size above auto's 32 KiB threshold reads as agreeing with it",
+    ),
+]
