@@ -78,7 +78,10 @@ EOF
 mkdir -p "$(dirname "$LEFTOVER")"
 cp "$(ls "$ROOT"/torch_kvswap/_C.*.so)" "$LEFTOVER"
 rm -rf "$OUT/tree" && mkdir -p "$OUT/tree"
-"$BUILD_PY" -m pip wheel --quiet --no-build-isolation --no-deps -w "$OUT/tree" "$ROOT"
+# With the PATH that built the tree in place (env.sh prepends .venv/bin only
+# after its build): another ninja on the path (.venv's 1.13 against the
+# system's 1.11) reads the other's log as foreign and recompiles everything.
+PATH="${PATH#"$VENV/bin:"}" "$BUILD_PY" -m pip wheel --quiet --no-build-isolation --no-deps -w "$OUT/tree" "$ROOT"
 [ ! -e "$LEFTOVER" ] || { echo "[install] the build left $LEFTOVER in place"; exit 1; }
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$OUT"/tree/torch_kvswap-*.whl
 (cd /tmp && "$PY" - <<'EOF'
