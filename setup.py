@@ -533,12 +533,14 @@ def plan_lines(torch_version: str, engines: list[Engine], selected: set[str], ar
             continue
         lo, hi = ROUGH_MINUTES[e.key]
         what = names[e.key]
-        if e.key == "cuda":
-            archs = [a for a in (arch_list or "").split(";") if a] or ["the visible GPU's"]
-            lo, hi = lo * len(archs), hi * len(archs)
-            what += (f" for {len(archs)} architecture(s) {';'.join(archs)}"
-                     " (TORCH_CUDA_ARCH_LIST=<your GPU's, e.g. 9.0> builds one)") if arch_list else \
-                " for the visible GPU's architecture"
+        if e.key == "cuda" and arch_list:
+            n = len([a for a in arch_list.split(";") if a])
+            lo, hi = lo * n, hi * n
+            what += f" for {n} architecture(s), {arch_list}"
+            if n > 1:
+                what += " (TORCH_CUDA_ARCH_LIST=<your GPU's, e.g. 9.0> builds one)"
+        elif e.key == "cuda":
+            what += " for the visible GPU's architecture"
         lines.append(f"  {what}: about {lo}-{hi} min")
         low, high = low + lo, high + hi
     cpus = os.cpu_count() or 1

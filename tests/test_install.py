@@ -259,6 +259,11 @@ def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engi
     assert rows["torch"].startswith(torch.__version__)
     assert rows["built against"] == f"torch {torch.__version__}"
     assert rows["engine host"] == "loaded"
+    assert rows["files"] == "as recorded by the build"
+    if not torch.cuda.is_available():
+        assert rows["copies run on"] == "the host engine, for every copy (no CUDA or NPU device visible)"
+        if torch_kvswap.ENGINES["cuda"]:  # a CUDA build of torch on a machine without a GPU
+            assert rows["engine cuda"] == "loaded, unused: no CUDA device visible"
     if torch.version.cuda is None:
         assert rows["engine cuda"].startswith(f"not built: torch {torch.__version__} is not a CUDA build")
     assert rows["torch_npu"] == "not installed" or "torch_npu" in rows
@@ -285,6 +290,26 @@ def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
         setup_py.require_wheel_support()
     monkeypatch.setattr(setuptools, "__version__", "70.1.0")
     setup_py.require_wheel_support()
+
+
+# ---------------------------------------------------------------- what the build says first
+
+
+def test_the_build_says_what_it_will_compile_with_the_architectures_and_a_duration():
+    engines = [setup_py.Engine("host", "torch_kvswap._C", setup_py.Decision(True), None),
+               setup_py.Engine("cuda", "torch_kvswap._C_cuda", setup_py.Decision(True), None),
+               setup_py.Engine("npu", "torch_kvswap._C_npu", setup_py.Decision(False, "no torch_npu"), None),
+               setup_py.Engine("fake_cuda", "torch_kvswap._fake_cuda", setup_py.Decision(True), None, True)]
+    lines = setup_py.plan_lines("2.15.0+cu130", engines, {"torch_kvswap._C", "torch_kvswap._C_cuda"},
+                                "8.0;9.0;10.0;12.0+PTX")
+    (host_lo, host_hi), (arch_lo, arch_hi) = setup_py.ROUGH_MINUTES["host"], setup_py.ROUGH_MINUTES["cuda"]
+    assert lines[0].startswith(f"torch_kvswap: building against torch 2.15.0+cu130; from scratch about "
+                               f"{host_lo + 4 * arch_lo}-{host_hi + 4 * arch_hi} min on 2 CPUs")
+    assert lines[1:] == [f"  host engine (_C): about {host_lo}-{host_hi} min",
+                         f"  CUDA engine (_C_cuda) for 4 architecture(s), 8.0;9.0;10.0;12.0+PTX (TORCH_CUDA_ARCH_LIST"
+                         f"=<your GPU's, e.g. 9.0> builds one): about {4 * arch_lo}-{4 * arch_hi} min"]
+    one = setup_py.plan_lines("2.15.0", engines[:2], {"torch_kvswap._C", "torch_kvswap._C_cuda"}, "9.0")
+    assert one[2] == f"  CUDA engine (_C_cuda) for 1 architecture(s), 9.0: about {arch_lo}-{arch_hi} min"
 
 
 # ---------------------------------------------------------------- nothing stale installed

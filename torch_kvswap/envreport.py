@@ -128,15 +128,10 @@ def engine_rows() -> list[tuple[str, str]]:
 def device_rows() -> list[tuple[str, str]]:
     """What each visible accelerator's engine reports about it."""
     rows = []
-    for key, device_type in (("cuda", "cuda"), ("npu", "npu")):
-        module = getattr(torch, device_type, None)
-        try:
-            count = module.device_count() if module is not None and module.is_available() else 0
-        except Exception:  # noqa: BLE001
-            count = 0
+    for device_type, count in visible_devices().items():  # the engine keys are the device types
         for index in range(count):
             device = torch.device(device_type, index)
-            if not ENGINES.get(key):
+            if not ENGINES.get(device_type):
                 rows.append((str(device), "no engine loaded"))
                 continue
             try:
