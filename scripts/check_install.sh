@@ -10,6 +10,12 @@
 #      smoke test runs from outside the source tree (scripts/smoke_test.py):
 #      import, one swap_blocks against a plain reference, one offloader round
 #      trip, `python -m torch_kvswap`.
+#   4. a wheel built from the working tree itself, where the suite ran and
+#      built its test-only extensions in place, with an extension of an
+#      earlier build left in build/ on purpose (as one for another torch
+#      would be); installed into the same clean venv, it must hold only what
+#      its own build compiled for this torch (no _fake* module, no leftover),
+#      and its _build_info.json must list exactly the extension files installed.
 # Uses .venv's torch (2.13.0) for the build. Exits non-zero on any failure.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv; cd "$ROOT"
@@ -56,4 +62,40 @@ SMOKE="$(mktemp -d)"
 cp "$ROOT/scripts/smoke_test.py" "$SMOKE/"
 (cd "$SMOKE" && "$PY" smoke_test.py)
 rm -rf "$SMOKE"
+
+echo "[install] 4. a wheel from the working tree where the tests ran in place"
+echo "[install] in-place extensions in the tree: $(cd "$ROOT/torch_kvswap" && echo *.so)"
+# What an earlier build for another torch leaves in build/: an engine this
+# build does not build, where setuptools would pick it up for the wheel.
+LEFTOVER="$("$BUILD_PY" - <<'EOF'
+import sysconfig
+from setuptools.dist import Distribution
+cmd = Distribution().get_command_obj("build")
+cmd.finalize_options()
+print(f"{cmd.build_platlib}/torch_kvswap/_C_npu{sysconfig.get_config_var('EXT_SUFFIX')}")
+EOF
+)"
+mkdir -p "$(dirname "$LEFTOVER")"
+cp "$(ls "$ROOT"/torch_kvswap/_C.*.so)" "$LEFTOVER"
+rm -rf "$OUT/tree" && mkdir -p "$OUT/tree"
+# With the PATH that built the tree in place (env.sh prepends .venv/bin only
+# after its build): another ninja on the path (.venv's 1.13 against the
+# system's 1.11) reads the other's log as foreign and recompiles everything.
+PATH="${PATH#"$VENV/bin:"}" "$BUILD_PY" -m pip wheel --quiet --no-build-isolation --no-deps -w "$OUT/tree" "$ROOT"
+[ ! -e "$LEFTOVER" ] || { echo "[install] the build left $LEFTOVER in place"; exit 1; }
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$OUT"/tree/torch_kvswap-*.whl
+(cd /tmp && "$PY" - <<'EOF'
+import json, pathlib, torch, torch_kvswap
+pkg = pathlib.Path(torch_kvswap.__file__).parent
+assert "site-packages" in str(pkg), pkg
+files = sorted(p.name for p in pkg.iterdir() if p.suffix == ".so")
+info = json.loads((pkg / "_build_info.json").read_text())
+recorded = sorted(e["file"] for e in info["engines"].values() if e["built"])
+assert not [f for f in files if f.startswith("_fake")], f"test-only extension installed: {files}"
+assert files == recorded, f"installed {files}, but the build record lists {recorded}"
+assert info["torch"] == torch.__version__, (info["torch"], torch.__version__)
+assert torch_kvswap._loader.unrecorded_extensions(info) == []
+print(f"[install] from the tree: {', '.join(files)}, as recorded, for torch {info['torch']}; no _fake*, no leftover")
+EOF
+)
 release "$ROOT/.venv-wheel"   # env.sh's: only under KVSWAP_PRUNE=1

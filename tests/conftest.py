@@ -56,3 +56,40 @@ def accelerator_or_skip(kind: str) -> torch.device:
         pytest.fail(f"a {kind} device is present but the kvswap {kind} engine ({engine}) "
                     f"is not registered: {reason}")
     return torch.device(kind, 0)
+
+
+# ---------------------------------------------------------------- skip reasons
+# A machine without an accelerator skips some 200 tests. Their `s` marks are
+# left out of the progress line (only passes and failures show there), and the
+# run ends with each reason once, counted, instead of a wall of `s` and no why.
+
+
+def pytest_report_teststatus(report, config):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        return "skipped", "", "SKIPPED"
+    return None
+
+
+def skip_reason(report) -> str:
+    """The reason of a skipped test's report, without pytest's 'Skipped: '."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def grouped_skips(reports) -> list[tuple[int, str]]:
+    """(count, reason) for each distinct reason, the most frequent first."""
+    counts: dict[str, int] = {}
+    for report in reports:
+        reason = skip_reason(report)
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(((n, reason) for reason, n in counts.items()), key=lambda item: (-item[0], item[1]))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    reports = [r for r in terminalreporter.stats.get("skipped", []) if not hasattr(r, "wasxfail")]
+    if not reports:
+        return
+    terminalreporter.section("skip reasons", sep="-")
+    for n, reason in grouped_skips(reports):
+        terminalreporter.write_line(f"{n} skipped: {reason}")

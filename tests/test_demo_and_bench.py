@@ -1,14 +1,21 @@
 """The demo and the benchmark CLI run end to end on small settings; the
-benchmark's arithmetic is checked on made-up times."""
+benchmark's arithmetic is checked on made-up times; both refuse bad options
+at once and say which engine moved the bytes and where their output went."""
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
+import subprocess
+import sys
 
 import pytest
+import torch
 
-from torch_kvswap import bench, demo
+import torch_kvswap
+from fake_device import engine_spy
+from torch_kvswap import _loader, bench, demo
 
 
 def test_demo_round_trip_succeeds(capsys):
@@ -82,3 +89,120 @@ def test_bench_without_index_has_no_speedup_column(tmp_path, capsys):
                        "--methods", "contiguous", "kvswap_tensor", "--json", str(path)]) == 0
     assert "speed-up over index" not in capsys.readouterr().out
     assert all(r["speedup_over_index"] is None for r in json.loads(path.read_text())["rows"])
+
+
+# ---------------------------------------------------------------- which engine moved the bytes
+
+
+def test_the_demo_names_the_engine_whose_kernel_received_every_byte(capsys, monkeypatch):
+    # A CUDA build of torch with no GPU loads the CUDA engine, yet every copy
+    # is between host tensors: the host engine's kernel (CPU key, recorded
+    # here) receives them all, and that is the engine the demo must name.
+    monkeypatch.setitem(torch_kvswap.ENGINES, "cuda", True)
+    with engine_spy("CPU") as calls:
+        assert demo.main(["--layers", "2", "--cache-gib", "0.02", "--jobs", "2", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    moved = re.search(r"moved \d+ device blocks \((\d+) MiB\) each way", out)
+    assert calls and all(c.device.type == "cpu" for c in calls)
+    assert sum(sum(c.sizes) for c in calls) == 2 * int(moved.group(1)) * 2**20
+    first = out.splitlines()[0]
+    assert first == ("torch_kvswap demo on cpu: copies run on the host engine (torch_kvswap._C); "
+                     "loaded, unused here: CUDA engine"), first
+    assert "the host engine (torch_kvswap._C) moved" in out
+    assert "engines loaded" not in out
+
+
+def test_engine_for_a_device_is_the_one_the_dispatcher_holds_a_kernel_of():
+    assert _loader.engine_for("cpu") == "host"
+    has_cuda = torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_submit", "CUDA")
+    assert _loader.engine_for("cuda") == ("cuda" if has_cuda else None)
+    assert _loader.engine_for("meta") is None
+
+
+# ---------------------------------------------------------------- demo arguments
+
+
+@pytest.mark.parametrize("argv, option, expected", [
+    (["--offload-fraction", "1.5"], "--offload-fraction", "a fraction in (0, 1], got 1.5"),
+    (["--offload-fraction", "0"], "--offload-fraction", "a fraction in (0, 1], got 0"),
+    (["--layers", "0"], "--layers", "an integer >= 1, got 0"),
+    (["--kv-heads", "-2"], "--kv-heads", "an integer >= 1, got -2"),
+    (["--head-dim", "0"], "--head-dim", "an integer >= 1, got 0"),
+    (["--block-tokens", "0"], "--block-tokens", "an integer >= 1, got 0"),
+    (["--cache-gib", "0"], "--cache-gib", "a finite number > 0, got 0"),
+    (["--cache-gib", "nan"], "--cache-gib", "a finite number > 0, got nan"),
+    (["--factor", "0"], "--factor", "an integer >= 1, got 0"),
+    (["--jobs", "0"], "--jobs", "an integer >= 1, got 0"),
+    (["--seed", "-1"], "--seed", "an integer >= 0, got -1"),
+    (["--jobs", "two"], "--jobs", "an integer >= 1, got two"),
+    (["--cache-gib", "inf"], "--cache-gib", "a finite number > 0, got inf"),
+])
+def test_a_demo_option_out_of_range_is_an_argument_error(capsys, argv, option, expected):
+    with pytest.raises(SystemExit) as exit_:
+        demo.parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: expected {expected}" in err and err.startswith("usage:"), err
+
+
+def test_more_jobs_than_host_blocks_is_an_argument_error_naming_the_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        demo.parse_args(["--cache-gib", "0.001", "--layers", "2", "--jobs", "64"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--jobs 64 needs at least 64 host blocks to offload, got 2" in err, err
+
+
+def test_the_demo_refuses_a_fraction_above_one_before_building_anything():
+    proc = subprocess.run([sys.executable, "-m", "torch_kvswap.demo", "--offload-fraction", "1.5"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc
+    assert proc.stdout == ""  # nothing built, nothing printed
+    assert "argument --offload-fraction: expected a fraction in (0, 1], got 1.5" in proc.stderr
+
+
+@pytest.mark.parametrize("module", [demo, bench])
+def test_help_explains_every_option_with_its_default(module, capsys):
+    parser = module.build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        text = parser._get_formatter()._expand_help(action)
+        assert action.help and " ".join(text.split()) in shown, action.dest
+        if action.default is not None and action.default is not False:
+            assert "(default: " in text, text
+
+
+# ---------------------------------------------------------------- bench output
+
+
+def test_bench_refuses_plot_without_matplotlib_before_the_run(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "matplotlib_available", lambda: False)
+    monkeypatch.setattr(bench, "run_sizes", lambda *a: pytest.fail("the bench ran"))
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--plot", "out.png"])
+    assert exit_.value.code == 2
+    assert "--plot out.png needs matplotlib, which is not installed" in capsys.readouterr().err
+
+
+def test_bench_prints_where_it_wrote_the_json_and_the_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    data, png = tmp_path / "b.json", tmp_path / "b.png"
+    assert bench.main(["--block-kib", "4", "--total-mib", "1", "--layers", "1", "--repeats", "1",
+                       "--methods", "contiguous", "kvswap_tensor", "--json", str(data), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote the results to {data}" in out and f"wrote the plot to {png}" in out
+    assert data.stat().st_size > 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_ticks_only_the_measured_block_sizes():
+    pytest.importorskip("matplotlib")
+    rows = [bench.Row(kib, m, 1.0 + kib, 1.0, 1.0) for kib in (2.0, 16.0, 256.0) for m in ("contiguous", "x")]
+    fig = bench.make_figure(rows, "t")
+    ax = fig.axes[0]
+    assert list(ax.get_xticks()) == [2.0, 16.0, 256.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "16", "256"]
+    assert len(ax.xaxis.get_minorticklocs()) == 0

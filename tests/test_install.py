@@ -217,9 +217,9 @@ def test_declared_torch_range_starts_at_min_torch():
 # ---------------------------------------------------------------- version guard
 
 
-def test_version_guard_names_both_releases_and_the_rebuild_command():
-    with pytest.raises(ImportError) as err:
-        _loader.check_built_against("2.13.0+cpu", "2.15.0")
+def test_version_guard_names_both_releases_and_the_rebuild_command(tmp_path):
+    with pytest.raises(ImportError) as err:  # an installed copy: no setup.py beside it
+        _loader.check_built_against("2.13.0+cpu", "2.15.0", tmp_path / "site-packages" / "torch_kvswap")
     msg = str(err.value)
     assert "built against torch 2.13.0+cpu" in msg and "torch 2.15.0 is installed" in msg
     assert "pip install --no-build-isolation ." in msg
@@ -259,6 +259,11 @@ def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engi
     assert rows["torch"].startswith(torch.__version__)
     assert rows["built against"] == f"torch {torch.__version__}"
     assert rows["engine host"] == "loaded"
+    assert rows["files"] == "as recorded by the build"
+    if not torch.cuda.is_available():
+        assert rows["copies run on"] == "the host engine, for every copy (no CUDA or NPU device visible)"
+        if torch_kvswap.ENGINES["cuda"]:  # a CUDA build of torch on a machine without a GPU
+            assert rows["engine cuda"] == "loaded, unused: no CUDA device visible"
     if torch.version.cuda is None:
         assert rows["engine cuda"].startswith(f"not built: torch {torch.__version__} is not a CUDA build")
     assert rows["torch_npu"] == "not installed" or "torch_npu" in rows
@@ -285,3 +290,125 @@ def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
         setup_py.require_wheel_support()
     monkeypatch.setattr(setuptools, "__version__", "70.1.0")
     setup_py.require_wheel_support()
+
+
+# ---------------------------------------------------------------- what the build says first
+
+
+def test_the_build_says_what_it_will_compile_with_the_architectures_and_a_duration():
+    engines = [setup_py.Engine("host", "torch_kvswap._C", setup_py.Decision(True), None),
+               setup_py.Engine("cuda", "torch_kvswap._C_cuda", setup_py.Decision(True), None),
+               setup_py.Engine("npu", "torch_kvswap._C_npu", setup_py.Decision(False, "no torch_npu"), None),
+               setup_py.Engine("fake_cuda", "torch_kvswap._fake_cuda", setup_py.Decision(True), None, True)]
+    lines = setup_py.plan_lines("2.15.0+cu130", engines, {"torch_kvswap._C", "torch_kvswap._C_cuda"},
+                                "8.0;9.0;10.0;12.0+PTX")
+    (host_lo, host_hi), (arch_lo, arch_hi) = setup_py.ROUGH_MINUTES["host"], setup_py.ROUGH_MINUTES["cuda"]
+    assert lines[0].startswith(f"torch_kvswap: building against torch 2.15.0+cu130; from scratch about "
+                               f"{host_lo + 4 * arch_lo}-{host_hi + 4 * arch_hi} min on 2 CPUs")
+    assert lines[1:] == [f"  host engine (_C): about {host_lo}-{host_hi} min",
+                         f"  CUDA engine (_C_cuda) for 4 architecture(s), 8.0;9.0;10.0;12.0+PTX (TORCH_CUDA_ARCH_LIST"
+                         f"=<your GPU's, e.g. 9.0> builds one): about {4 * arch_lo}-{4 * arch_hi} min"]
+    one = setup_py.plan_lines("2.15.0", engines[:2], {"torch_kvswap._C", "torch_kvswap._C_cuda"}, "9.0")
+    assert one[2] == f"  CUDA engine (_C_cuda) for 1 architecture(s), 9.0: about {arch_lo}-{arch_hi} min"
+
+
+# ---------------------------------------------------------------- nothing stale installed
+
+
+def _copy_of_the_package(dest: Path) -> Path:
+    """The real package, compiled extensions and build record included."""
+    pkg = dest / "torch_kvswap"
+    shutil.copytree(Path(torch_kvswap.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    return pkg
+
+
+def _ext_file(pkg: Path, stem: str) -> Path:
+    return next(p for p in pkg.iterdir() if p.name.startswith(stem + ".") and p.suffix == ".so")
+
+
+def test_a_build_leaves_out_every_extension_file_it_did_not_build(tmp_path, capsys):
+    for name in ("_C.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
+                 "_C_npu.cpython-311-x86_64-linux-gnu.so", "ops.py", "_build_info.json"):
+        (tmp_path / name).write_text("x")
+    removed = setup_py.remove_stale_extensions(tmp_path, {"_C.cpython-311-x86_64-linux-gnu.so"})
+    assert removed == ["_C_npu.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_C.cpython-311-x86_64-linux-gnu.so",
+                                                          "_build_info.json", "ops.py"]
+    assert "not built by it: _C_npu" in capsys.readouterr().err
+
+
+def test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_reported(tmp_path):
+    # An install whose folder holds a CUDA engine that its build did not
+    # build (left by an earlier build, maybe for another torch): the import
+    # must not load it, and the report must name it.
+    pkg = _copy_of_the_package(tmp_path)
+    info = json.loads((pkg / "_build_info.json").read_text())
+    stale = _ext_file(pkg, "_C").name.replace("_C.", "_C_cuda.", 1)
+    shutil.copy(_ext_file(pkg, "_C"), pkg / stale)
+    info["engines"]["cuda"] = {"module": "torch_kvswap._C_cuda", "built": False, "test_only": False,
+                               "reason": "no CUDA toolkit found", "enable": "install it"}
+    (pkg / "_build_info.json").write_text(json.dumps(info))
+    code = ("import warnings; warnings.simplefilter('ignore')\n"
+            "import torch_kvswap as k, torch_kvswap.envreport as r\n"
+            "print(k.ENGINES['cuda']); print(k._loader.ENGINE_ERRORS['torch_kvswap._C_cuda'])\n"
+            "print(dict(r.engine_rows())['files'])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    loaded, error, files = proc.stdout.splitlines()
+    assert loaded == "False"
+    assert error == "a leftover file that the last build did not build (no CUDA toolkit found); not loaded"
+    assert files == f"not built by the recorded build, leftovers: {stale}"
+
+
+def test_the_record_of_this_build_matches_the_extension_files_beside_it():
+    info = _loader.build_info()
+    assert info is not None and _loader.unrecorded_extensions(info) == []
+    for key, entry in info["engines"].items():
+        if entry["built"]:
+            assert (_loader.PACKAGE_DIR / entry["file"]).is_file(), key
+
+
+# ---------------------------------------------------------------- a shadowed import
+
+
+def _clone_with_the_package_built_for(tmp_path: Path, other: str) -> Path:
+    """A stand-in clone (setup.py and csrc/ beside the package) whose in-place
+    build says it was compiled against torch `other`."""
+    clone = tmp_path / "clone"
+    pkg = _copy_of_the_package(clone)
+    (clone / "setup.py").write_text("")
+    (clone / "csrc").mkdir()
+    info = json.loads((pkg / "_build_info.json").read_text())
+    info["torch"] = other
+    (pkg / "_build_info.json").write_text(json.dumps(info))
+    return clone
+
+
+def test_a_clone_imported_from_its_root_names_its_folder_and_the_fix(tmp_path):
+    clone = _clone_with_the_package_built_for(tmp_path, "2.12.0")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", "import torch_kvswap"], cwd=clone, capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: torch_kvswap was built against torch 2.12.0"), proc.stderr
+    assert f"imported from {clone / 'torch_kvswap'}, the package folder of the source tree {clone}" in last
+    assert "because Python puts the current directory first on its path" in last
+    assert "run from another directory" in last
+    assert f"cd {clone} && {sys.executable} setup.py build_ext --inplace" in last
+    assert "`bash scripts/test.sh`" in last
+    assert "--no-build-isolation" not in last  # reinstalling does not fix a shadowing clone
+
+
+def test_an_installed_copy_built_for_another_torch_names_its_folder_and_the_install_command(tmp_path):
+    msg = _loader.rebuild_hint(tmp_path / "site-packages" / "torch_kvswap", cwd=tmp_path)
+    assert msg.startswith(f"This copy was imported from {tmp_path / 'site-packages' / 'torch_kvswap'}.")
+    assert "pip install --no-build-isolation ." in msg
+
+
+def test_a_clone_on_the_path_from_elsewhere_is_not_called_the_current_directory(tmp_path):
+    clone = _clone_with_the_package_built_for(tmp_path, "2.12.0")
+    msg = _loader.rebuild_hint(clone / "torch_kvswap", cwd=tmp_path)
+    assert f"the source tree {clone}." in msg and "current directory" not in msg
+    assert "rebuild this tree in place" in msg

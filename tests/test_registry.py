@@ -37,7 +37,9 @@ def test_public_ops_are_registered():
 @pytest.mark.parametrize("qualname", kvswap_ops())
 def test_every_op_taking_tensors_has_a_fake_kernel(qualname):
     if not takes_tensors(qualname):
-        pytest.skip(f"{qualname} takes no tensors; nothing to trace")
+        # One reason for all such ops (the op is in the test id), so the
+        # run's skip summary counts them on one line.
+        pytest.skip("the op takes no tensors: no fake kernel needed, nothing to trace")
     assert simple_registry.find(qualname).fake_impl.kernel is not None, qualname
 
 

@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import json
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -29,7 +30,8 @@ BUILD_HINT = (
 
 #: Written by setup.py next to the extensions: the torch they were compiled
 #: against and, per engine, whether it was built and why not.
-BUILD_INFO_PATH = Path(__file__).resolve().parent / "_build_info.json"
+PACKAGE_DIR = Path(__file__).resolve().parent
+BUILD_INFO_PATH = PACKAGE_DIR / "_build_info.json"
 
 #: Engines whose extension failed to load, name -> reason. Absent engines that
 #: were simply not built are not listed.
@@ -44,20 +46,55 @@ def build_info() -> dict | None:
         return None
 
 
+def unrecorded_extensions(info: dict, package_dir: Path = PACKAGE_DIR) -> list[str]:
+    """Extension files in `package_dir` that the build record does not list
+    as built: leftovers of another build (a test fake built in place, an
+    engine compiled for another torch) that this install should not hold."""
+    built = {entry["module"].rsplit(".", 1)[1] for entry in info.get("engines", {}).values()
+             if entry.get("built")}
+    return sorted(p.name for p in package_dir.iterdir()
+                  if p.suffix in (".so", ".pyd") and p.name.split(".", 1)[0] not in built)
+
+
 def _release(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
-def check_built_against(built: str, running: str) -> None:
+def is_source_tree(package_dir: Path) -> bool:
+    """Whether `package_dir` is the package folder of a clone (built in place)
+    rather than an installed copy: setup.py and csrc/ sit beside it."""
+    return (package_dir.parent / "setup.py").is_file() and (package_dir.parent / "csrc").is_dir()
+
+
+def rebuild_hint(package_dir: Path, cwd: Path | None = None) -> str:
+    """How to get extensions for the running torch, for the copy of the
+    package at `package_dir`: where it came from decides the fix."""
+    cwd = Path.cwd() if cwd is None else cwd
+    if not is_source_tree(package_dir):
+        return (f"This copy was imported from {package_dir}. Rebuild it against this torch: "
+                f"`{INSTALL_COMMAND}` from the source tree (add --force-reinstall --no-deps if pip "
+                "considers it installed), or `bash scripts/test.sh` in a checkout.")
+    tree = package_dir.parent
+    where = f"This copy was imported from {package_dir}, the package folder of the source tree {tree}"
+    if tree.resolve() == cwd.resolve():
+        where += (", because Python puts the current directory first on its path: it shadows any "
+                  "torch_kvswap installed for this torch, and reinstalling does not change that")
+    return (f"{where}. Either run from another directory (then an installed torch_kvswap is "
+            f"imported), or rebuild this tree in place: `cd {tree} && {sys.executable} setup.py "
+            "build_ext --inplace` for this torch, or `bash scripts/test.sh`, which does it for the "
+            "tree's own .venv.")
+
+
+def check_built_against(built: str, running: str, package_dir: Path | None = None) -> None:
     """Raises ImportError when the extensions were compiled against another
     torch release than the one running: torch's C++ ABI changes between
-    releases, and loading them would fail with an undefined symbol, or worse."""
+    releases, and loading them would fail with an undefined symbol, or worse.
+    The message names the folder the package came from and the fix for it."""
     if _release(built) != _release(running):
         raise ImportError(
             f"torch_kvswap was built against torch {built}, but torch {running} is installed; "
-            "its compiled extensions only load under the torch they were built with. Rebuild it "
-            f"against this torch: `{INSTALL_COMMAND}` from the source tree (add --force-reinstall "
-            "--no-deps if pip considers it installed), or `bash scripts/test.sh` in a checkout.")
+            "its compiled extensions only load under the torch they were built with. "
+            + rebuild_hint(PACKAGE_DIR if package_dir is None else package_dir))
 
 
 def load_core() -> None:
@@ -70,13 +107,20 @@ def load_core() -> None:
         hint = BUILD_HINT
         if "undefined symbol" in str(exc):
             hint = (f"torch_kvswap._C does not match torch {torch.__version__} (was it built against "
-                    f"another torch?). Rebuild it against this torch with `{INSTALL_COMMAND}`.")
+                    f"another torch?). {rebuild_hint(PACKAGE_DIR)}")
         raise ImportError(f"{hint}\n(underlying error: {exc})") from exc
 
 
-def _load_optional(module: str, prerequisite: str | None) -> bool:
+def _load_optional(module: str, prerequisite: str | None, recorded: dict | None = None) -> bool:
     if importlib.util.find_spec(module) is None:
         return False  # not built on this machine
+    if recorded is not None and not recorded.get("built"):
+        # A file the last build did not write: left by an earlier build,
+        # maybe for another torch, whose loading could crash the process.
+        ENGINE_ERRORS[module] = ("a leftover file that the last build did not build "
+                                 f"({recorded.get('reason', 'no reason recorded')}); not loaded")
+        warnings.warn(f"torch_kvswap: {module} is {ENGINE_ERRORS[module]}", RuntimeWarning, stacklevel=3)
+        return False
     try:
         if prerequisite is not None:
             # torch_npu must register its PrivateUse1 backend before the
@@ -91,9 +135,39 @@ def _load_optional(module: str, prerequisite: str | None) -> bool:
     return True
 
 
+#: Engine key -> (name as reports print it, its extension, the dispatch key its
+#: ``kvswap::_submit`` kernel is registered under).
+ENGINE_NAMES = {"host": ("host engine", "torch_kvswap._C", "CPU"),
+                "cuda": ("CUDA engine", "torch_kvswap._C_cuda", "CUDA"),
+                "npu": ("Ascend engine", "torch_kvswap._C_npu", "PrivateUse1")}
+
+#: Which engine a copy goes to, by the device type of its accelerator tensor
+#: (a copy between host tensors only goes to the host engine); csrc/core/engines.cpp
+#: routes the same way.
+_ENGINE_OF_DEVICE_TYPE = {"cpu": "host", "cuda": "cuda", "npu": "npu", "privateuseone": "npu"}
+
+
+def engine_for(device: torch.device | str) -> str | None:
+    """The engine (a key of :data:`ENGINE_NAMES`) that moves the bytes of a
+    copy on ``device``, or None when no engine serves it (the copy would
+    raise). This is the engine the dispatcher holds a kernel of, not merely
+    an extension that loaded: a CUDA engine loaded on a machine with no GPU
+    moves nothing, as every copy there is between host tensors."""
+    key = _ENGINE_OF_DEVICE_TYPE.get(torch.device(device).type)
+    if key is None:
+        return None
+    dispatch_key = ENGINE_NAMES[key][2]
+    return key if torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_submit", dispatch_key) else None
+
+
 def load_engines() -> dict[str, bool]:
     """Loads every built engine; returns which ones are active."""
+    engines = (build_info() or {}).get("engines")
+
+    def recorded(key: str) -> dict | None:  # None: no record to check against
+        return None if engines is None else engines.get(key, {})
+
     return {
-        "cuda": _load_optional("torch_kvswap._C_cuda", None),
-        "npu": _load_optional("torch_kvswap._C_npu", "torch_npu"),
+        "cuda": _load_optional("torch_kvswap._C_cuda", None, recorded("cuda")),
+        "npu": _load_optional("torch_kvswap._C_npu", "torch_npu", recorded("npu")),
     }

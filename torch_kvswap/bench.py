@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import torch_kvswap
-from torch_kvswap.demo import pick_device
+from torch_kvswap.demo import HelpWithDefaults, pick_device
 
 METHODS = ["contiguous", "kvswap_ptr", "kvswap_tensor", "copy_loop", "index"]
 
@@ -61,28 +61,50 @@ class Row:
     seconds_all: list[float] = field(default_factory=list)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench",
-                                description=__doc__.split("\n\n")[0])
+                                description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpWithDefaults)
     p.add_argument("--block-kib", type=float, nargs="+", default=[2, 4, 8, 16, 32, 64, 128, 256],
                    help="bytes per block per cache tensor, in KiB")
     p.add_argument("--total-mib", type=float, default=256, help="bytes moved per block size")
     p.add_argument("--layers", type=int, default=4, help="layers; each has a K and a V tensor")
     p.add_argument("--dtype", default="bfloat16",
-                   choices=["bfloat16", "float16", "float32", "int8", "uint8"])
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+                   choices=["bfloat16", "float16", "float32", "int8", "uint8"], help="cache element type")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds; the median is reported")
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS,
+                   help="what to time (contiguous always runs: it is the limit)")
     p.add_argument("--direction", default="d2h", choices=["d2h", "h2d"],
                    help="on an accelerator: device->host or host->device (ignored on the CPU)")
-    p.add_argument("--device", default=None, help="default: the current accelerator, else cpu")
+    p.add_argument("--device", default=None,
+                   help="device to measure on (default: the current accelerator, else cpu)")
     p.add_argument("--host-modes", nargs="*", default=[],
                    choices=["parallel_for", "memcpy", "prefetch", "stream", "auto"],
                    help="host engine only: also time kvswap_tensor with each KVSWAP_HOST_COPY mode")
     p.add_argument("--overhead", action="store_true", help="also measure the host-side cost")
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--plot", default=None, help="write a PNG plot here (needs matplotlib)")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    p.add_argument("--json", default=None, help="write the results here (default: not written)")
+    p.add_argument("--plot", default=None,
+                   help="write a PNG plot here (needs matplotlib, checked before the run; default: no plot)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random block ids")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.plot and not matplotlib_available():
+        p.error(f"--plot {args.plot} needs matplotlib, which is not installed "
+                "(pip install matplotlib, or drop --plot)")
+    return args
+
+
+def matplotlib_available() -> bool:
+    """Whether --plot can work; asked before the run, which takes minutes."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def progress(msg: str) -> None:
@@ -343,28 +365,40 @@ def print_index_table(rows: list[Row]) -> None:
         print(f"| {s:g} KiB | " + " | ".join(f"{by[s, m].speedup_over_index:.1f}x" for m in methods) + " |")
 
 
-def plot(rows: list[Row], path: str, title: str) -> bool:
-    try:
-        import matplotlib
+def plot(rows: list[Row], path: str, title: str) -> None:
+    """Writes the PNG of GB/s against block size to `path`."""
+    fig = make_figure(rows, title)
+    import matplotlib.pyplot as plt
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        progress("matplotlib is not installed; skipping the plot (pip install matplotlib)")
-        return False
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def make_figure(rows: list[Row], title: str):
+    """The plot's figure: one line per method, ticks at the measured sizes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for m in dict.fromkeys(r.method for r in rows):
         pts = [(r.block_kib, r.gbps) for r in rows if r.method == m]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
     ax.set_xscale("log", base=2)
+    # Ticks at the measured sizes only: the log axis would add powers of two
+    # that were never run.
+    sizes = sorted({r.block_kib for r in rows})
+    ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("block size (KiB)")
     ax.set_ylabel("GB/s")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    return fig
 
 
 def main(argv=None) -> int:
@@ -393,8 +427,10 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+        print(f"wrote the results to {os.path.abspath(args.json)}")
     if args.plot:
         plot(rows, args.plot, f"torch_kvswap on {device} ({env['direction']}, {args.layers} layers)")
+        print(f"wrote the plot to {os.path.abspath(args.plot)}")
     return 0
 
 

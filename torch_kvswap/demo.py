@@ -6,37 +6,127 @@ bf16 cache of 1 GiB on the present device (the CPU when there is no
 accelerator), stores a random half of its blocks (512 MiB; ``--offload-fraction``)
 to pinned host memory with :class:`torch_kvswap.KVCacheOffloader`, overwrites
 those blocks on the device,
-loads them back, checks every byte, and prints what it did with the
-throughput and the per-job times reported by ``get_finished()``.
+loads them back, checks every byte, and prints what it did: which engine moved
+the bytes, the throughput and the per-job times reported by ``get_finished()``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 import torch_kvswap
+from torch_kvswap import _loader
 from torch_kvswap.handler import KVCacheOffloader, TransferResult
 
 
+class HelpWithDefaults(argparse.HelpFormatter):
+    """``--help`` ends each option's line with its default, unless the help
+    already says it or there is none to give."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False \
+                or action.default == argparse.SUPPRESS or not action.option_strings:
+            return text
+        default = action.default
+        if isinstance(default, (list, tuple)):  # as it would be typed: 2 4 8
+            default = " ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in default) or "none"
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+def number(kind: type, accepts, expected: str):
+    """An argparse type: `kind` of the text, refused with "expected
+    <expected>, got <text>" unless `accepts(value)`."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text}")
+        return value
+
+    return parse
+
+
+positive_int = number(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = number(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = number(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+fraction = number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+
+
+@dataclass
+class Plan:
+    """The cache and the transfers the arguments ask for, computed before
+    anything is allocated."""
+
+    per_block: int  # bytes of one block of one K or V tensor
+    num_blocks: int  # device blocks per tensor
+    host_blocks: int
+    shape: tuple[int, ...]  # of one K or V tensor
+    tensors: int  # 2 per layer
+
+    @property
+    def bytes_per_block_all_layers(self) -> int:
+        return self.per_block * self.tensors
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Sizes from the arguments; raises ValueError naming the option when
+    they describe no cache the demo can run on."""
+    per_block = args.block_tokens * args.kv_heads * args.head_dim * getattr(torch, args.dtype).itemsize
+    tensors = 2 * args.layers
+    num_blocks = max(args.factor, int(args.cache_gib * 2**30) // (tensors * per_block))
+    num_blocks -= num_blocks % args.factor
+    host_blocks = int(num_blocks * args.offload_fraction) // args.factor
+    if host_blocks < args.jobs:
+        raise ValueError(
+            f"--jobs {args.jobs} needs at least {args.jobs} host blocks to offload, got {host_blocks} "
+            f"({args.offload_fraction:g} of {num_blocks} device blocks of {per_block} bytes per tensor, "
+            f"{args.factor} per host block): raise --cache-gib or --offload-fraction, or lower --jobs")
+    return Plan(per_block, num_blocks, host_blocks,
+                (num_blocks, args.block_tokens, args.kv_heads, args.head_dim), tensors)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torch_kvswap.demo", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpWithDefaults)
+    p.add_argument("--layers", type=positive_int, default=32, help="model layers; each has a K and a V cache")
+    p.add_argument("--kv-heads", type=positive_int, default=8, help="KV heads per layer")
+    p.add_argument("--head-dim", type=positive_int, default=128, help="elements per head")
+    p.add_argument("--block-tokens", type=positive_int, default=16, help="tokens per device block")
+    p.add_argument("--cache-gib", type=positive_float, default=1.0,
+                   help="size of the device KV cache, all layers, in GiB")
+    p.add_argument("--factor", type=positive_int, default=2,
+                   help="device blocks per host block (host blocks are this many times larger)")
+    p.add_argument("--offload-fraction", type=fraction, default=0.5,
+                   help="share of the device blocks to offload and load back, in (0, 1]")
+    p.add_argument("--jobs", type=positive_int, default=4,
+                   help="split each direction into this many offloader jobs")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "int8"],
+                   help="element type of the cache")
+    p.add_argument("--device", default=None,
+                   help="device of the cache, e.g. cuda:1 (default: the current accelerator, else cpu)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the cache's contents and block ids")
+    return p
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.demo", description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--block-tokens", type=int, default=16, help="tokens per device block")
-    p.add_argument("--cache-gib", type=float, default=1.0, help="device KV cache size")
-    p.add_argument("--factor", type=int, default=2, help="device blocks per host block")
-    p.add_argument("--offload-fraction", type=float, default=0.5,
-                   help="share of the device blocks to offload and reload")
-    p.add_argument("--jobs", type=int, default=4, help="split each direction into this many jobs")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "int8"])
-    p.add_argument("--device", default=None, help="default: the current accelerator, else cpu")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    """The options, each checked for its range: a bad one stops here with
+    argparse's usage message and exit status 2, before anything is built."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        args.plan = make_plan(args)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -65,20 +155,36 @@ def report(kind: str, results: list[TransferResult], seconds: float) -> float:
     return rate
 
 
+def engine_name(device: torch.device) -> str:
+    """The engine that moves the bytes of copies on `device` (not merely one
+    that loaded: a CUDA engine loaded on a machine with no GPU copies
+    nothing), as "host engine (torch_kvswap._C)"."""
+    key = _loader.engine_for(device)
+    if key is None:
+        return f"no kvswap engine for {device}"
+    name, module, _ = _loader.ENGINE_NAMES[key]
+    return f"{name} ({module})"
+
+
+def idle_engines(device: torch.device) -> list[str]:
+    """Engines that loaded but move none of the demo's bytes."""
+    key = _loader.engine_for(device)
+    return [_loader.ENGINE_NAMES[k][0] for k, loaded in torch_kvswap.ENGINES.items() if loaded and k != key]
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    plan = args.plan
     device = pick_device(args.device)
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
 
-    per_block = args.block_tokens * args.kv_heads * args.head_dim * dtype.itemsize
-    bytes_per_block_all_layers = 2 * args.layers * per_block
-    num_blocks = max(args.factor, int(args.cache_gib * 2**30) // bytes_per_block_all_layers)
-    num_blocks -= num_blocks % args.factor
-    shape = (num_blocks, args.block_tokens, args.kv_heads, args.head_dim)
-    print(f"torch_kvswap demo on {device} (engines loaded: "
-          f"{', '.join(k for k, v in torch_kvswap.ENGINES.items() if v) or 'host only'})")
+    per_block, num_blocks, shape = plan.per_block, plan.num_blocks, plan.shape
+    bytes_per_block_all_layers = plan.bytes_per_block_all_layers
+    idle = idle_engines(device)
+    print(f"torch_kvswap demo on {device}: copies run on the {engine_name(device)}"
+          + (f"; loaded, unused here: {', '.join(idle)}" if idle else ""))
     print(f"  device cache: {args.layers} layers x (K, V) x {shape} {args.dtype} = "
           f"{num_blocks * bytes_per_block_all_layers / 2**30:.2f} GiB, {per_block // 1024} KiB per block "
           f"per tensor")
@@ -89,43 +195,42 @@ def main(argv=None) -> int:
         fill_random(kv, gen)
         caches[f"layer.{layer}"] = kv  # [2, num_blocks, ...] stacked layout
 
-    host_blocks_needed = int(num_blocks * args.offload_fraction) // args.factor
-    offloader = KVCacheOffloader(caches, device_block_size=args.block_tokens,
-                                 host_block_size=args.block_tokens * args.factor,
-                                 num_host_blocks=host_blocks_needed)
-    print(f"  host mirror:  {host_blocks_needed} host blocks of {args.factor} device blocks, "
-          f"{offloader.host_bytes / 2**30:.2f} GiB, pinned: {offloader.pinned}")
+    host_blocks_needed = plan.host_blocks
+    with KVCacheOffloader(caches, device_block_size=args.block_tokens,
+                          host_block_size=args.block_tokens * args.factor,
+                          num_host_blocks=host_blocks_needed) as offloader:
+        print(f"  host mirror:  {host_blocks_needed} host blocks of {args.factor} device blocks, "
+              f"{offloader.host_bytes / 2**30:.2f} GiB, pinned: {offloader.pinned}")
+        n_dev = host_blocks_needed * args.factor
+        device_ids = rng.permutation(num_blocks)[:n_dev].astype(np.int64)
+        host_ids = rng.permutation(host_blocks_needed).astype(np.int64)
+        # Keep what the blocks held, to check the round trip byte for byte.
+        before = {name: kv[:, torch.from_numpy(device_ids).to(device)].cpu() for name, kv in caches.items()}
 
-    n_dev = host_blocks_needed * args.factor
-    device_ids = rng.permutation(num_blocks)[:n_dev].astype(np.int64)
-    host_ids = rng.permutation(host_blocks_needed).astype(np.int64)
-    # Keep what the blocks held, to check the round trip byte for byte.
-    before = {name: kv[:, torch.from_numpy(device_ids).to(device)].cpu() for name, kv in caches.items()}
+        # Whole host blocks per job: job i moves jobs_host[i] and its sub-blocks.
+        jobs_host = np.array_split(host_ids, args.jobs)
+        bounds = np.cumsum([0] + [len(h) for h in jobs_host]) * args.factor
+        jobs_dev = [device_ids[bounds[i]:bounds[i + 1]] for i in range(args.jobs)]
 
-    # Whole host blocks per job: job i moves jobs_host[i] and its sub-blocks.
-    jobs_host = np.array_split(host_ids, args.jobs)
-    bounds = np.cumsum([0] + [len(h) for h in jobs_host]) * args.factor
-    jobs_dev = [device_ids[bounds[i]:bounds[i + 1]] for i in range(args.jobs)]
+        t0 = time.perf_counter()
+        for j, (d, h) in enumerate(zip(jobs_dev, jobs_host)):
+            offloader.store(job_id=j, device_block_ids=d, host_block_ids=h)
+        offloader.wait(range(args.jobs))
+        store_s = time.perf_counter() - t0
+        store_results = offloader.get_finished()
 
-    t0 = time.perf_counter()
-    for j, (d, h) in enumerate(zip(jobs_dev, jobs_host)):
-        offloader.store(job_id=j, device_block_ids=d, host_block_ids=h)
-    offloader.wait(range(args.jobs))
-    store_s = time.perf_counter() - t0
-    store_results = offloader.get_finished()
+        for kv in caches.values():  # the device blocks are reused for something else
+            kv[:, torch.from_numpy(device_ids).to(device)] = 0
 
-    for kv in caches.values():  # the device blocks are reused for something else
-        kv[:, torch.from_numpy(device_ids).to(device)] = 0
+        t0 = time.perf_counter()
+        for j, (d, h) in enumerate(zip(jobs_dev, jobs_host)):
+            offloader.load(job_id=args.jobs + j, host_block_ids=h, device_block_ids=d)
+        offloader.wait(range(args.jobs, 2 * args.jobs))
+        load_s = time.perf_counter() - t0
+        load_results = offloader.get_finished()
 
-    t0 = time.perf_counter()
-    for j, (d, h) in enumerate(zip(jobs_dev, jobs_host)):
-        offloader.load(job_id=args.jobs + j, host_block_ids=h, device_block_ids=d)
-    offloader.wait(range(args.jobs, 2 * args.jobs))
-    load_s = time.perf_counter() - t0
-    load_results = offloader.get_finished()
-    offloader.shutdown()
-
-    print(f"  moved {n_dev} device blocks ({n_dev * bytes_per_block_all_layers / 2**20:.0f} MiB) each way:")
+    print(f"  the {engine_name(device)} moved {n_dev} device blocks "
+          f"({n_dev * bytes_per_block_all_layers / 2**20:.0f} MiB) each way:")
     report("store", store_results, store_s)
     report("load", load_results, load_s)
 

@@ -72,16 +72,44 @@ def versions() -> list[tuple[str, str]]:
     return rows
 
 
+def visible_devices() -> dict[str, int]:
+    """Device type -> number of visible devices, for 'cuda' and 'npu'."""
+    counts = {}
+    for device_type in ("cuda", "npu"):
+        module = getattr(torch, device_type, None)
+        try:
+            counts[device_type] = module.device_count() if module is not None and module.is_available() else 0
+        except Exception:  # noqa: BLE001 - a broken driver means no usable device
+            counts[device_type] = 0
+    return counts
+
+
+def copies_row(counts: dict[str, int]) -> tuple[str, str]:
+    """Which engine moves the bytes, per kind of copy: the engine the
+    dispatcher routes to, whatever else loaded."""
+    parts = [f"host-to-host copies: the {_loader.ENGINE_NAMES['host'][0]}"]
+    for device_type, count in counts.items():
+        if count:
+            key = _loader.engine_for(torch.device(device_type, 0))
+            who = f"the {_loader.ENGINE_NAMES[key][0]}" if key else "no engine (such copies raise)"
+            parts.append(f"copies with {device_type}:0..{count - 1}: {who}")
+    if len(parts) == 1:
+        parts[0] = f"the {_loader.ENGINE_NAMES['host'][0]}, for every copy (no CUDA or NPU device visible)"
+    return ("copies run on", "; ".join(parts))
+
+
 def engine_rows() -> list[tuple[str, str]]:
     info = _loader.build_info() or {}
     built = info.get("engines", {})
+    counts = visible_devices()
     rows = [("built against", f"torch {info['torch']}" if info else "unknown (no _build_info.json)")]
     for key, module in ENGINE_MODULES.items():
         entry = built.get(key, {})
         if key == "host":
             state = "loaded"
         elif ENGINES.get(key):
-            state = "loaded"
+            state = "loaded" if counts.get(key) else \
+                f"loaded, unused: no {_loader.ENGINE_NAMES[key][0].split()[0]} device visible"
         elif module in _loader.ENGINE_ERRORS:
             state = f"built, not loadable: {_loader.ENGINE_ERRORS[module]}"
         elif entry and not entry.get("built"):
@@ -89,21 +117,21 @@ def engine_rows() -> list[tuple[str, str]]:
         else:
             state = "not built"
         rows.append((f"engine {key}", state))
+    if info:
+        leftovers = _loader.unrecorded_extensions(info)
+        rows.append(("files", "as recorded by the build" if not leftovers else
+                     f"not built by the recorded build, leftovers: {', '.join(leftovers)}"))
+    rows.append(copies_row(counts))
     return rows
 
 
 def device_rows() -> list[tuple[str, str]]:
     """What each visible accelerator's engine reports about it."""
     rows = []
-    for key, device_type in (("cuda", "cuda"), ("npu", "npu")):
-        module = getattr(torch, device_type, None)
-        try:
-            count = module.device_count() if module is not None and module.is_available() else 0
-        except Exception:  # noqa: BLE001
-            count = 0
+    for device_type, count in visible_devices().items():  # the engine keys are the device types
         for index in range(count):
             device = torch.device(device_type, index)
-            if not ENGINES.get(key):
+            if not ENGINES.get(device_type):
                 rows.append((str(device), "no engine loaded"))
                 continue
             try:
