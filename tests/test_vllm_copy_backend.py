@@ -484,6 +484,45 @@ def test_a_placement_past_the_storage_is_refused():
         kv_regions(caches, config)
 
 
+def shared_by(layers, size):
+    """vLLM 0.27/0.28's KVCacheTensor: no placement of its layers."""
+    return SimpleNamespace(size=size, shared_by=layers, offset=0, block_stride=0)
+
+
+def test_without_placements_k_and_v_outermost_give_two_regions_read_from_the_strides():
+    # vLLM 0.27's CPU attention cache: (2, num_blocks, heads, tokens, head_size)
+    n = 5
+    kv = {f"l{i}": torch.randn(2, n, 2, 16, 8).half() for i in range(2)}
+    config = SimpleNamespace(num_blocks=n, kv_cache_tensors=[shared_by([k], 2 * n * 512) for k in kv])
+    regions = kv_regions(kv, config)
+    assert list(regions) == ["l0.0", "l0.1", "l1.0", "l1.1"]
+    for name, t in kv.items():
+        for i in range(2):
+            r = regions[f"{name}.{i}"]
+            assert r.shape == (n, 2 * 16 * 8 * 2) and r.data_ptr() == t[i].data_ptr()
+            assert torch.equal(r, t[i].reshape(n, -1).view(torch.int8))
+
+
+def test_without_placements_blocks_outermost_and_shared_storage_give_one_region_each():
+    n = 4
+    packed = torch.randint(0, 100, (n, 3, 64), dtype=torch.uint8)  # every layer's page in a block
+    mamba = [torch.zeros(n, 32, dtype=torch.uint8)]
+    mamba.append(mamba[0][:, :16])  # a list of tensors on one storage: its first one counts
+    caches = {"a": packed, "b": packed, "m": mamba}
+    config = SimpleNamespace(num_blocks=n, kv_cache_tensors=[shared_by(["a", "b"], packed.numel()),
+                                                             shared_by(["m"], 128)])
+    regions = kv_regions(caches, config)
+    assert list(regions) == ["a", "m"]
+    assert torch.equal(regions["a"].view(torch.uint8), packed.reshape(n, -1))
+    assert regions["m"].shape == (n, 32) and regions["m"].data_ptr() == mamba[0].data_ptr()
+
+
+def test_without_placements_a_storage_smaller_than_the_blocks_is_refused():
+    config = SimpleNamespace(num_blocks=8, kv_cache_tensors=[shared_by(["a"], 4)])
+    with pytest.raises(ValueError, match=r"KV cache 'a': its 4-byte storage holds less than one byte per block of 8"):
+        kv_regions({"a": torch.zeros(4, dtype=torch.uint8)}, config)
+
+
 def test_the_backend_bench_checks_every_method_byte_exact_and_reports_ratios(tmp_path, capsys):
     import json
 

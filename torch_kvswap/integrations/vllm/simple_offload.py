@@ -13,28 +13,70 @@ are mirrored in one page-aligned host buffer and every transfer goes through
 and events (``torch.Stream``/``torch.Event`` of the caches' device), so the
 same connector runs on CUDA, on Ascend NPU and on CPU (the host engine).
 
-Of vLLM's ``SimpleCPUOffloadWorker`` this overrides only the two methods that
-name CUDA: ``register_kv_caches`` (CUDA streams, ``DmaCopyBackend``) and
-``wait_for_save`` (the compute-done event on ``torch.cuda.current_stream()``).
-vLLM's own ``bind_connector_metadata``, ``start_load_kv``, ``get_finished``,
+Of vLLM's ``SimpleCPUOffloadWorker`` this overrides only the methods that
+name CUDA: ``register_kv_caches`` (CUDA streams, ``DmaCopyBackend``) and the
+one that launches stores (the compute-done event on
+``torch.cuda.current_stream()``): ``wait_for_save`` from vLLM 0.29 on;
+``get_finished`` in 0.27 and 0.28, where it launches the step's loads and
+stores (then ``wait_for_save`` is empty, as vLLM's). vLLM's own
+``bind_connector_metadata``, ``start_load_kv``, ``get_finished`` (0.29 on),
 ``handle_preemptions`` and ``build_connector_worker_meta`` drive the backend.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
 import torch
 
-from .compat import apply_check_option, check_vllm
+from .compat import CHECK_KEY, SIMPLE_DEFERRED, apply_check_option, inspect_vllm
 from .copy_backend import KVSwapCopyBackend
 
 logger = logging.getLogger("torch_kvswap")
 
-__all__ = ["build", "kv_regions"]
+__all__ = ["build", "kv_regions", "SUPPORTED_EXTRA_CONFIG", "check_extra_config", "copy_streams"]
 
 _PAGE = 4096
+
+#: ``kv_connector_extra_config`` keys the simple connector accepts: those
+#: vLLM's SimpleCPUOffloadConnector reads for host memory (0.33's
+#: ``num_cpu_blocks`` included) and ``kvswap_check``. Any other key (a typo,
+#: or the disk backend's ``disk_path``, ...) is refused when the connector is
+#: built.
+SUPPORTED_EXTRA_CONFIG = frozenset({
+    "cpu_bytes_to_use", "cpu_bytes_to_use_per_rank", "lazy_offload", "num_cpu_blocks",
+    "kv_offload_backend", CHECK_KEY,
+})
+
+
+def check_extra_config(extra: Any) -> None:
+    """Refuses unknown ``kv_connector_extra_config`` keys and a backend other
+    than ``"cpu"``, naming them (vLLM itself ignores unknown keys: a typo
+    such as ``cpu_byte_to_use`` would silently get its default 8 GiB)."""
+    extra = dict(extra or {})
+    backend = extra.get("kv_offload_backend", "cpu")
+    if backend != "cpu":
+        raise ValueError("KVSwapSimpleCPUOffloadConnector copies to host memory only: "
+                         f"kv_offload_backend must be 'cpu', got {backend!r}")
+    unknown = sorted(set(extra) - SUPPORTED_EXTRA_CONFIG)
+    if unknown:
+        raise ValueError(f"KVSwapSimpleCPUOffloadConnector does not support kv_connector_extra_config "
+                         f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}")
+
+
+def copy_streams(device: torch.device) -> tuple[Any, Any]:
+    """The load and store streams of an accelerator ``device``, at the lowest
+    priority its streams have (as vLLM's worker makes its CUDA streams), so
+    that copies yield to compute. The range comes from the device's own
+    stream class (``torch.cuda.Stream``, ``torch.npu.Stream``:
+    ``priority_range()`` is (lowest, highest)); default priority where it has
+    none."""
+    stream_cls = getattr(getattr(torch, device.type, None), "Stream", None)
+    priority_range = getattr(stream_cls, "priority_range", None)
+    low = int(priority_range()[0]) if priority_range is not None else 0
+    return (torch.Stream(device=device, priority=low), torch.Stream(device=device, priority=low))
 
 
 def kv_regions(kv_caches: dict[str, torch.Tensor], kv_cache_config: Any) -> dict[str, torch.Tensor]:
@@ -55,11 +97,19 @@ def kv_regions(kv_caches: dict[str, torch.Tensor], kv_cache_config: Any) -> dict
       blocks are the packed blocks, named after the first layer.
 
     Layers of different tensors that overlay the same bytes give one region.
+
+    vLLM 0.27 and 0.28 describe a ``KVCacheTensor`` without its layers'
+    placement (``size``, ``shared_by``, ``offset``, ``block_stride``); their
+    regions are read from the cache tensors themselves
+    (:func:`kv_regions_from_strides`).
     """
+    tensors = list(kv_cache_config.kv_cache_tensors)
+    if tensors and not hasattr(tensors[0], "layer_stride"):
+        return kv_regions_from_strides(kv_caches, int(kv_cache_config.num_blocks))
     num_blocks = int(kv_cache_config.num_blocks)
     regions: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for kt in kv_cache_config.kv_cache_tensors:
+    for kt in tensors:
         name = next((n for n in kt.layers if n in kv_caches), None)
         if name is None:
             continue
@@ -82,6 +132,39 @@ def kv_regions(kv_caches: dict[str, torch.Tensor], kv_cache_config: Any) -> dict
                 continue
             seen.add(region.data_ptr())
             regions[key] = region
+    return regions
+
+
+def kv_regions_from_strides(kv_caches: dict[str, Any], num_blocks: int) -> dict[str, torch.Tensor]:
+    """The block-strided regions of each distinct storage among ``kv_caches``
+    (a value is a tensor, or a list of tensors on one storage), read from the
+    tensor's strides: with ``page = storage bytes // num_blocks``, a
+    dimension whose byte stride exceeds ``page`` is outside the blocks (K and
+    V outermost: ``(2, num_blocks, ...)``), and each of its indices is one
+    region ``name.i`` of ``[num_blocks, stride // num_blocks]`` bytes;
+    without one, the storage is one region ``name`` of ``[num_blocks,
+    page]`` (blocks outermost). Views, never copies."""
+    regions: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, value in kv_caches.items():
+        tensor = value if isinstance(value, torch.Tensor) else value[0]
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        raw = torch.empty(0, dtype=torch.int8, device=tensor.device).set_(storage)
+        page = storage.nbytes() // num_blocks
+        if page < 1:
+            raise ValueError(f"KV cache {name!r}: its {storage.nbytes()}-byte storage holds less than "
+                             f"one byte per block of {num_blocks}")
+        el = tensor.element_size()
+        outer = [d for d in range(tensor.dim()) if tensor.stride(d) * el > page]
+        if not outer:
+            regions[name] = raw[:num_blocks * page].view(num_blocks, page)
+            continue
+        seg = tensor.stride(outer[0]) * el
+        for i in range(tensor.shape[outer[0]]):
+            regions[f"{name}.{i}"] = raw[i * seg:(i + 1) * seg].view(num_blocks, -1)
     return regions
 
 
@@ -119,7 +202,7 @@ def build() -> dict[str, type]:
     """The plug-in classes, built on the installed vLLM on first use."""
     if _classes:
         return _classes
-    worker_module = check_vllm("simple")
+    worker_module, era = inspect_vllm("simple")
     from vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
         SimpleCPUOffloadConnector)
 
@@ -143,8 +226,7 @@ def build() -> dict[str, type]:
             self.num_cpu_blocks = (resolve(self.cpu_capacity_bytes, bytes_per_block) if resolve
                                    else max(1, self.cpu_capacity_bytes // bytes_per_block))
             if self.device.type != "cpu":
-                self.load_stream = torch.Stream(device=self.device)
-                self.store_stream = torch.Stream(device=self.device)
+                self.load_stream, self.store_stream = copy_streams(self.device)
             self._host_buffer, self.cpu_kv_caches, self._registered = _host_mirrors(
                 regions, self.num_cpu_blocks, self.device)
             self.gpu_kv_caches = regions
@@ -155,13 +237,10 @@ def build() -> dict[str, type]:
             self._backend.init(regions, self.cpu_kv_caches, self.device, self.load_stream,
                                self.store_stream)
 
-        def wait_for_save(self) -> None:
-            """Launch this step's store after the compute queued so far (on an
+        def _launch_store(self, metadata: Any) -> None:
+            """Launch a step's store after the compute queued so far (on an
             accelerator, an event on the current stream; the host engine's
             compute has finished when this is called)."""
-            metadata = self._connector_metadata
-            if metadata is None or not metadata.store_gpu_blocks:
-                return
             wait = None
             if self.device.type != "cpu":
                 if self._store_compute_done is None:
@@ -171,6 +250,38 @@ def build() -> dict[str, type]:
             self._backend.launch_copy(metadata.store_gpu_blocks, metadata.store_cpu_blocks,
                                       is_store=True, event_idx=metadata.store_event,
                                       events_list=self._store_events, wait_event=wait)
+
+        if era == SIMPLE_DEFERRED:
+            def wait_for_save(self) -> None:
+                """Nothing: in this vLLM ``get_finished`` launches the step's copies."""
+
+            def get_finished(self, finished_req_ids: set[str]) -> Any:
+                """Launch this step's loads, then its stores (vLLM 0.27/0.28's
+                order), then let vLLM's ``get_finished`` report completions.
+                The step's metadata stays bound with its copies taken out, so
+                neither vLLM's ``get_finished`` nor a second call in the same
+                step launches them again."""
+                metadata = self._connector_metadata
+                if metadata is not None and (metadata.load_cpu_blocks or metadata.store_gpu_blocks):
+                    if metadata.load_cpu_blocks:
+                        self._backend.launch_copy(metadata.load_cpu_blocks, metadata.load_gpu_blocks,
+                                                  is_store=False, event_idx=metadata.load_event,
+                                                  events_list=self._load_events)
+                    if metadata.store_gpu_blocks:
+                        self._launch_store(metadata)
+                    launched = copy.copy(metadata)
+                    launched.load_cpu_blocks, launched.load_gpu_blocks = [], []
+                    launched.store_gpu_blocks, launched.store_cpu_blocks = [], []
+                    self._connector_metadata = launched
+                return super().get_finished(finished_req_ids)
+        else:
+            def wait_for_save(self) -> None:
+                """Launch this step's store (vLLM 0.29 on: ``start_load_kv``
+                launched its loads)."""
+                metadata = self._connector_metadata
+                if metadata is None or not metadata.store_gpu_blocks:
+                    return
+                self._launch_store(metadata)
 
         def shutdown(self) -> None:
             """Finish the copies in flight, then release the host mirrors; idempotent."""
@@ -187,19 +298,19 @@ def build() -> dict[str, type]:
         ``kv_connector_extra_config``: vLLM's (``cpu_bytes_to_use``,
         ``cpu_bytes_to_use_per_rank``, ``lazy_offload``, 0.33's
         ``num_cpu_blocks``); ``kv_offload_backend`` must stay ``"cpu"``;
-        ``"kvswap_check": true`` turns checked mode on (docs/checked.md).
+        ``"kvswap_check": true`` turns checked mode on (docs/checked.md). Any
+        other key is refused here (:func:`check_extra_config`).
         Needs prefix caching, as vLLM's.
         """
 
         def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
             transfer = getattr(vllm_config, "kv_transfer_config", None)
-            apply_check_option(getattr(transfer, "kv_connector_extra_config", None))
+            extra = getattr(transfer, "kv_connector_extra_config", None)
+            check_extra_config(extra)
+            apply_check_option(extra)
             super().__init__(vllm_config, role, kv_cache_config)
             worker = self.worker_handler
             if worker is not None:
-                if worker.disk_mode:
-                    raise ValueError("KVSwapSimpleCPUOffloadConnector copies to host memory only: "
-                                     "kv_offload_backend must be 'cpu', got 'disk'")
                 # vLLM builds its worker inline from values it derives from the
                 # config (per-rank capacity, 0.33's num_cpu_blocks); taking that
                 # object over keeps them vLLM's.
