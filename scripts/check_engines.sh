@@ -51,11 +51,12 @@ PYEOF
 CXX="${CXX:-g++}"
 OBJ="$(mktemp -d)"
 trap 'rm -rf "$OBJ"' EXIT
+VENV_TORCH="$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
 for pair in "${NPU_PAIRS[@]}"; do
   read -r torch_v npu_v std <<<"$pair"
   fetch_headers "torch-npu==$npu_v" "$CACHE/torch_npu-$npu_v"
   npu="$CACHE/torch_npu-$npu_v/torch_npu"
-  if [ "$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')" = "$torch_v" ]; then
+  if [ "$VENV_TORCH" = "$torch_v" ]; then
     incs=("${SYS_INCS[@]}")
   else
     fetch_headers "torch==$torch_v" "$CACHE/torch-$torch_v"

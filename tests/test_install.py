@@ -192,6 +192,23 @@ def test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_i
     assert "libtorch_npu.so" not in needed["plain"] and needed["plain"]
 
 
+def _ascend_compile_pairs() -> list[tuple[str, str, str]]:
+    script = (ROOT / "scripts" / "check_engines.sh").read_text()
+    listed = re.search(r"^NPU_PAIRS=\((.*)\)$", script, re.M)
+    assert listed, "scripts/check_engines.sh lists its torch / torch-npu pairs in NPU_PAIRS=(...)"
+    return [tuple(p.split()) for p in re.findall(r'"([^"]+)"', listed.group(1))]
+
+
+def test_ascend_compile_check_includes_the_oldest_supported_torch_and_the_docs_name_every_pair():
+    pairs = _ascend_compile_pairs()
+    assert min(setup_py.release(t)[:2] for t, _, _ in pairs) == setup_py.MIN_TORCH
+    docs = (ROOT / "docs" / "ascend.md").read_text()
+    readme = (ROOT / "README.md").read_text().replace("\n   ", " ")
+    for torch_v, npu_v, std in pairs:
+        assert std in ("c++17", "c++20")
+        assert f"{torch_v} / {npu_v}" in docs and f"{torch_v} / {npu_v}" in readme, (torch_v, npu_v)
+
+
 def test_test_fakes_are_built_only_when_asked():
     assert not setup_py.decide_fakes(facts()).build
     assert setup_py.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"})).build
