@@ -188,7 +188,7 @@ def decide_npu(f: Facts) -> Decision:
     if f.torch_npu_root is None:
         return Decision(False, "torch_npu is not installed",
                         f"pip install torch-npu=={'.'.join(map(str, release(f.torch_version)))} "
-                        "(its headers are all the build needs; CANN is found at run time)",
+                        "(torch_npu is all the build needs; CANN is found at run time)",
                         bool(wanted))
     return Decision(True, forced=bool(wanted))
 
@@ -317,15 +317,25 @@ def cuda_extension(decision: Decision):
 
 
 def npu_extension(decision: Decision, npu_root: Path):
-    """The Ascend engine. It links neither CANN nor torch_npu: ACL functions are
-    looked up at run time in the library torch_npu loads, so one build serves
-    every CANN release. torch_npu's bundled ACL headers are only read, to check
-    the engine's mirrors of ACL's types (csrc/ascend/acl_real.cpp)."""
+    """The Ascend engine. It links no CANN library: ACL functions are looked up
+    at run time in the library torch_npu loads, so one build serves every CANN
+    release. torch_npu's bundled ACL headers are only read, to check the
+    engine's mirrors of ACL's types (csrc/ascend/acl_real.cpp); torch-npu
+    2.10.0.post4 ships them only under include/third_party/acl/inc.
+
+    libtorch_npu is linked only if referenced (--as-needed): under torch_npu
+    2.13 and later the engine reaches its stream handle through torch's device
+    guard and references nothing of it; before 2.13 it calls torch_npu's
+    NPUStream::stream() (acl_real.cpp, acl_stream_of). The library is already
+    loaded then: the loader imports torch_npu before the engine."""
     from torch.utils.cpp_extension import CppExtension
 
+    include = npu_root / "include"
+    link_torch_npu = ["-Wl,--as-needed", f"-L{npu_root / 'lib'}", "-ltorch_npu", "-Wl,--no-as-needed"]
     return CppExtension("torch_kvswap._C_npu", _rel(sorted((CSRC / "ascend").glob("*.cpp"))),
-                        include_dirs=[str(npu_root / "include")], libraries=["dl"],
-                        optional=not decision.forced, extra_compile_args={"cxx": STRICT_CXX})
+                        include_dirs=[str(include), str(include / "third_party" / "acl" / "inc")],
+                        libraries=["dl"], optional=not decision.forced,
+                        extra_compile_args={"cxx": STRICT_CXX}, extra_link_args=link_torch_npu)
 
 
 def fake_cuda_extension(include: str):

@@ -149,6 +149,66 @@ def test_forced_ascend_engine_without_torch_npu_stops_the_build():
         setup_py.refuse_impossible_forced(setup_py.decide_cuda(facts()), npu)
 
 
+def _cxx(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["g++", *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_ascend_build_finds_acl_headers_where_torch_npu_2_10_0_post4_keeps_them(tmp_path):
+    # torch-npu 2.10.0.post4 ships CANN's headers only under include/third_party/acl/inc.
+    acl = tmp_path / "torch_npu" / "include" / "third_party" / "acl" / "inc" / "acl"
+    acl.mkdir(parents=True)
+    (acl / "acl_rt.h").write_text("#define KVSWAP_TEST_ACL_RT 1\n")
+    (tmp_path / "probe.cpp").write_text("#include <acl/acl_rt.h>\nstatic_assert(KVSWAP_TEST_ACL_RT == 1);\n")
+    ext = setup_py.npu_extension(setup_py.Decision(True), tmp_path / "torch_npu")
+    out = _cxx("-std=c++17", "-fsyntax-only", *(f"-I{d}" for d in ext.include_dirs), "probe.cpp", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("readelf") is None, reason="needs g++, readelf")
+def test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_it(tmp_path):
+    # Before torch_npu 2.13 the engine calls NPUStream::stream() (csrc/ascend/acl_real.cpp);
+    # from 2.13 on it references nothing of libtorch_npu and must not depend on it.
+    lib = tmp_path / "torch_npu" / "lib"
+    lib.mkdir(parents=True)
+    (tmp_path / "npu.cpp").write_text("int kvswap_test_npu_stream() { return 1; }\n")
+    (tmp_path / "calls.cpp").write_text("int kvswap_test_npu_stream();\nint f() { return kvswap_test_npu_stream(); }\n")
+    (tmp_path / "plain.cpp").write_text("int g() { return 2; }\n")
+    built = _cxx("-shared", "-fPIC", "-Wl,-soname,libtorch_npu.so", "npu.cpp", "-o", str(lib / "libtorch_npu.so"),
+                 cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    ext = setup_py.npu_extension(setup_py.Decision(True), tmp_path / "torch_npu")
+    needed = {}
+    for name in ("calls", "plain"):
+        # setuptools' order: objects, libraries, -o, then extra_link_args. --no-as-needed first:
+        # some toolchains pass --as-needed by default (Debian's), others do not.
+        linked = _cxx("-shared", "-fPIC", "-Wl,--no-as-needed", f"{name}.cpp", "-o", f"{name}.so",
+                      *ext.extra_link_args, cwd=tmp_path)
+        assert linked.returncode == 0, linked.stderr
+        dynamic = subprocess.run(["readelf", "-d", f"{name}.so"], cwd=tmp_path, capture_output=True, text=True,
+                                 check=True).stdout
+        needed[name] = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic)
+    assert "libtorch_npu.so" in needed["calls"]
+    assert "libtorch_npu.so" not in needed["plain"] and needed["plain"]
+
+
+def _ascend_compile_pairs() -> list[tuple[str, str, str]]:
+    script = (ROOT / "scripts" / "check_engines.sh").read_text()
+    listed = re.search(r"^NPU_PAIRS=\((.*)\)$", script, re.M)
+    assert listed, "scripts/check_engines.sh lists its torch / torch-npu pairs in NPU_PAIRS=(...)"
+    return [tuple(p.split()) for p in re.findall(r'"([^"]+)"', listed.group(1))]
+
+
+def test_ascend_compile_check_includes_the_oldest_supported_torch_and_the_docs_name_every_pair():
+    pairs = _ascend_compile_pairs()
+    assert min(setup_py.release(t)[:2] for t, _, _ in pairs) == setup_py.MIN_TORCH
+    docs = (ROOT / "docs" / "ascend.md").read_text()
+    readme = (ROOT / "README.md").read_text().replace("\n   ", " ")
+    for torch_v, npu_v, std in pairs:
+        assert std in ("c++17", "c++20")
+        assert f"{torch_v} / {npu_v}" in docs and f"{torch_v} / {npu_v}" in readme, (torch_v, npu_v)
+
+
 def test_test_fakes_are_built_only_when_asked():
     assert not setup_py.decide_fakes(facts()).build
     assert setup_py.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"})).build

@@ -6,10 +6,27 @@
 //
 // acl/acl_rt.h is included only to check, at compile time, that every mirror
 // of acl_api.h has ACL's layout and values, and that every looked-up
-// function has the declared type.
+// function has the declared type. torch_npu's NPUStream.h is included only
+// for torch_npu releases before 2.13 (acl_stream_of).
 #include <dlfcn.h>
 
 #include <acl/acl_rt.h>
+#include <c10/core/Stream.h>
+#include <torch/version.h>
+
+// The generic route to a stream's handle, c10::Stream::native_handle(), needs
+// torch 2.11 or later (torch 2.10's c10/core/Stream.h lacks it) and a
+// torch_npu whose NPUGuardImpl overrides getStreamNativeHandle, which first
+// appears in torch-npu 2.13.0 (2.10.0.post4, 2.10.0.post7, 2.11.0.post3 and
+// 2.12.0.post3 lack it; torch's default raises). Each torch_npu release pins
+// its torch release, so torch's version tells them apart, as it does in
+// torch_npu's own torch_npu/csrc/_compat/version.h.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13
+#define KVSWAP_STREAM_NATIVE_HANDLE 0
+#include <torch_npu/csrc/core/npu/NPUStream.h>
+#else
+#define KVSWAP_STREAM_NATIVE_HANDLE 1
+#endif
 
 #include <cstddef>
 #include <type_traits>
@@ -137,6 +154,21 @@ AclApi bind() {
 }
 
 }  // namespace
+
+// NPUStream::stream(), which drains torch_npu's task queue first and answers
+// null when that fails. From torch_npu 2.13 on it is reached through the
+// PrivateUse1 guard impl: c10::Stream::native_handle() asks it, and
+// NPUGuardImpl::getStreamNativeHandle returns NPUStream(stream).stream()
+// (torch_npu 2.13's libtorch_npu.so), so _C_npu links nothing of torch_npu.
+// Before 2.13 the same call is made here, which links libtorch_npu
+// (setup.py, npu_extension).
+AclStream acl_stream_of(const c10::Stream& stream) {
+#if KVSWAP_STREAM_NATIVE_HANDLE
+  return stream.native_handle();
+#else
+  return c10_npu::NPUStream(stream).stream();
+#endif
+}
 
 Engine& engine() {
   static const AclApi api = bind();

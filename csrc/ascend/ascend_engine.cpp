@@ -110,14 +110,14 @@ std::string Engine::acl_message(AclError err) const {
 }
 
 // The current stream of `device`, reached through torch's PrivateUse1 device
-// guard: torch 2.13's c10::Stream::native_handle() asks the guard impl, and
-// torch_npu 2.13's NPUGuardImpl::getStreamNativeHandle returns
-// NPUStream::stream(), which first drains torch_npu's task queue (so these
-// copies follow every op already queued) and returns nullptr when that fails.
+// guard; its ACL handle comes from torch_npu's NPUStream::stream()
+// (acl_stream_of, acl_real.cpp), which first drains torch_npu's task queue
+// (so these copies follow every op already queued) and returns nullptr when
+// that fails.
 AclStream Engine::current_stream(c10::Device device) const {
   const c10::Stream stream =
       c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getStream(device);
-  AclStream handle = stream.native_handle();
+  const AclStream handle = acl_stream_of(stream);
   TORCH_CHECK(handle != nullptr, "kvswap Ascend engine: the current stream of ", device,
               " has a null ACL handle (torch_npu returns one when draining its task queue fails); "
               "nothing was copied: nothing was queued, since ACL would run the copies on the default stream, "

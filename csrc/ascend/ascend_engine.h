@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include <array>
 #include <atomic>
@@ -103,6 +104,12 @@ class Engine {
 // The engine the kernels call. Defined by the binding: acl_real.cpp in
 // _C_npu, the fake runtime in the test extension.
 Engine& engine();
+
+// The ACL stream behind `stream`, a stream of torch_npu's backend, or null
+// when torch_npu gives none. Defined by the binding too: which torch_npu call
+// answers depends on the torch release (acl_real.cpp); the test extension
+// asks its fake backend's device guard.
+AclStream acl_stream_of(const c10::Stream& stream);
 
 }  // namespace ascend
 }  // namespace kvswap

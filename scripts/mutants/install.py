@@ -85,4 +85,21 @@ MUTANTS = [
         tests=[T + "::test_nvcc_arch_listing_is_read_as_torch_arch_names"],
         why="compute_100 read as 1.00: Blackwell (10.0, 12.0) silently left out of the default architectures",
     ),
+    dict(
+        name="install-npu-old-acl-headers-missed",
+        file="setup.py",
+        find='include_dirs=[str(include), str(include / "third_party" / "acl" / "inc")],',
+        replace='include_dirs=[str(include)],',
+        tests=[T + "::test_ascend_build_finds_acl_headers_where_torch_npu_2_10_0_post4_keeps_them"],
+        why="torch-npu 2.10.0.post4 has no include/acl/: acl_real.cpp fails and every vllm-ascend user loses the engine",
+    ),
+    dict(
+        name="install-npu-libtorch-npu-not-linked",
+        file="setup.py",
+        find='f"-L{npu_root / \'lib\'}", "-ltorch_npu", ',
+        replace='f"-L{npu_root / \'lib\'}", ',
+        tests=[T + "::test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_it"],
+        why="under torch 2.10 the engine calls NPUStream::stream(): without the library, _C_npu fails to import "
+            "with an undefined symbol",
+    ),
 ]

@@ -794,5 +794,10 @@ Engine& engine() {
   return *slot;
 }
 
+// And of the stream handle: the fake backend's device guard answers
+// (fake_backend.cpp, FakeGuardImpl::getStreamNativeHandle, which can answer
+// null as torch_npu does when draining its task queue fails).
+AclStream acl_stream_of(const c10::Stream& stream) { return stream.native_handle(); }
+
 }  // namespace ascend
 }  // namespace kvswap
