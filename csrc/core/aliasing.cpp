@@ -158,7 +158,7 @@ Suspects aliasing_suspects(const std::vector<PairLayout>& pairs) {
     for (size_t b = a + 1; b < all.size() && all[b].begin < all[a].end; ++b) {
       const Extent& x = all[a];
       const Extent& y = all[b];
-      if (x.pair == y.pair || (!x.is_dst && !y.is_dst)) continue;
+      if (x.pair == y.pair || (!x.is_dst && !y.is_dst) || x.begin >= y.end) continue;
       if (!blocks_can_meet(side(pairs, x), side(pairs, y), pairs[x.pair].block_bytes,
                            pairs[y.pair].block_bytes)) {
         continue;
