@@ -842,6 +842,7 @@ def test_environment_report_says_what_the_engine_uses_on_the_device(fake, fault,
     report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("cuda:0")))
     assert set(report) == {"batch_api", "capture_query", "pin_in_place", "kernel_params"}
     assert report["batch_api"].startswith("cudaMemcpyBatchAsync in use" if batch else "not in use")
+    assert report["capture_query"].startswith("cudaStreamIsCapturing ")  # what the table binds
     assert report["kernel_params"] == f"{F.kernel_param_bytes(0)} bytes per launch"
 
 
@@ -1572,3 +1573,20 @@ def test_a_batch_failure_names_the_descriptor_the_runtime_reports(fake):
     F.set_fault("reports_fail_index", 1)
     with pytest.raises(RuntimeError, match=r"the runtime names descriptor 2: "):
         torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5]))
+
+
+@pytest.mark.parametrize("method,fault", [("dma", "memcpy_fail_at"), ("kernel", "launch_fail_at")])
+def test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture(fake, method, fault):
+    """No source says what a failed call does to a capture: the fake invalidates it (the
+    unkind answer), so the partial graph is never instantiated."""
+    stream = side_stream()
+    src = caches(4096, 4, "device", pairs=1)
+    dst = caches(4096, 4, "pinned", pairs=1)
+    torch_kvswap.set_copy_method(method)
+    F.set_fault(fault, 1)  # the second copy or launch
+    with captured(stream) as cap:
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+        with pytest.raises(RuntimeError, match="cudaErrorInvalidValue"):
+            torch_kvswap.swap_blocks(src, dst, torch.tensor([2]), torch.tensor([3]))
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    assert cap.graph is None

@@ -416,4 +416,21 @@ MUTANTS = [
         tests=[FAKE + "::test_fake_rule_a_batchs_copies_land_in_no_set_order"],
         why="a batch's copies land in the submitted order",
     ),
+    dict(
+        name="fake-cuda-failed-work-leaves-the-capture-valid",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  if (s->capture != nullptr) invalidate(s->capture);\n  return note(api, s, err);",
+        replace="  return note(api, s, err);",
+        tests=[FAKE + "::test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture"],
+        why="a failed copy or launch inside a capture leaves it valid, and the partial graph "
+            "instantiates",
+    ),
+    dict(
+        name="cuda-report-claims-the-capture-info-query",
+        file="csrc/cuda/cuda_engine.cpp",
+        find='"capture_query=cudaStreamIsCapturing (every CUDA release)",',
+        replace='"capture_query=cudaStreamGetCaptureInfo (every CUDA release)",',
+        tests=[FAKE + "::test_environment_report_says_what_the_engine_uses_on_the_device"],
+        why="the report names a query the table does not bind",
+    ),
 ]

@@ -57,8 +57,11 @@
 //   (cudaErrorStreamCaptureWrongThread, driver_types.h:1062-1065). Further
 //   work on an invalidated capture answers cudaErrorStreamCaptureInvalidated
 //   and records nothing (driver_types.h:1019-1022), and the capture ends with
-//   that error. Whether cudaPointerGetAttributes is "potentially unsafe" no
-//   public source says: the `pointer_query_unsafe` fault makes it so.
+//   that error. A copy or launch that fails on a capturing stream
+//   invalidates the capture too: no source says whether it does, and the
+//   fake takes the unkind answer. Whether cudaPointerGetAttributes is
+//   "potentially unsafe" no public source says: the `pointer_query_unsafe`
+//   fault makes it so.
 // * Kernel launch: the parameters are copied at launch ("the actual kernel
 //   parameter will be copied", cuda.h:17434-17435); the launch runs the
 //   kernel's own body (csrc/cuda/copy_kernel.h) on the host, every thread
@@ -376,6 +379,15 @@ cudaError_t f_driver_version(int* v) {
   return cudaSuccess;
 }
 
+// A copy or a launch that fails on a capturing stream invalidates the
+// capture. No source says what CUDA does with the capture then; the fake
+// takes the unkind answer (the partial graph cannot be instantiated), so an
+// engine must not rely on a capture surviving its own failed call.
+cudaError_t failed_work(const char* api, StreamState* s, cudaError_t err) {
+  if (s->capture != nullptr) invalidate(s->capture);
+  return note(api, s, err);
+}
+
 cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   World& w = world();
@@ -383,8 +395,8 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaMemcpyAsync", s, cudaErrorInvalidResourceHandle);
   KVSWAP_FAKE_STICKY("cudaMemcpyAsync", s);
-  KVSWAP_FAKE_INJECT("cudaMemcpyAsync", s);
-  if (call == w.faults.memcpy_fail_at) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
+  if (const cudaError_t e = injected("cudaMemcpyAsync")) return failed_work("cudaMemcpyAsync", s, e);
+  if (call == w.faults.memcpy_fail_at) return failed_work("cudaMemcpyAsync", s, cudaErrorInvalidValue);
   const Span from = classify(src, n);
   const Span to = classify(dst, n);
   bool ok = false;
@@ -401,7 +413,7 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
     default:
       ok = from.where != Where::kInvalid && to.where != Where::kInvalid;
   }
-  if (!ok) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
+  if (!ok) return failed_work("cudaMemcpyAsync", s, cudaErrorInvalidValue);
   const bool pageable = from.where == Where::kPageable || to.where == Where::kPageable;
   if (pageable && s->capture != nullptr) {
     invalidate(s->capture);
@@ -678,18 +690,18 @@ cudaError_t launch_kernel(const P* params, unsigned grid_x, unsigned grid_y, cud
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
   KVSWAP_FAKE_STICKY("cudaLaunchKernel", s);
-  KVSWAP_FAKE_INJECT("cudaLaunchKernel", s);
-  if (w.launch_calls++ == w.faults.launch_fail_at) return note("cudaLaunchKernel", s, cudaErrorInvalidValue);
+  if (const cudaError_t e = injected("cudaLaunchKernel")) return failed_work("cudaLaunchKernel", s, e);
+  if (w.launch_calls++ == w.faults.launch_fail_at) return failed_work("cudaLaunchKernel", s, cudaErrorInvalidValue);
   // Kernels launched from a thread "will be executed on" its current device
   // (cuda_runtime_api.h:1626-1628); "A kernel launch will fail if it is issued
   // to a stream that is not associated to the current device" (CUDA
   // Programming Guide, Multi-Device System, Stream and Event Behavior). A
   // copy on such a stream succeeds (the same page), so cudaMemcpyAsync has no
   // such rule.
-  if (s->device != t_device) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
-  if (const cudaError_t err = param_rule(sizeof(P))) return note("cudaLaunchKernel", s, err);
+  if (s->device != t_device) return failed_work("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
+  if (const cudaError_t err = param_rule(sizeof(P))) return failed_work("cudaLaunchKernel", s, err);
   if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
-    return note("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
+    return failed_work("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
   }
   const LaunchRecord record{grid_x, grid_y, params->n, params->slices, params->num_pairs,
                             params->src_ids == nullptr, params->dst_ids == nullptr, static_cast<int>(sizeof(P))};
