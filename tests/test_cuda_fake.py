@@ -1590,3 +1590,25 @@ def test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture(fake, method,
             torch_kvswap.swap_blocks(src, dst, torch.tensor([2]), torch.tensor([3]))
     assert cap.error == "cudaErrorStreamCaptureInvalidated"
     assert cap.graph is None
+
+
+@pytest.mark.parametrize("method", ["dma", "kernel"])
+def test_the_engine_works_with_every_optional_entry_absent(fake, method):
+    """No batch API and no large-parameter launcher in the table: per-descriptor copies, 4 KiB
+    kernel parameters, on a device that is not current, into a host view pinned in place."""
+    F.set_fault("batch_absent", 1)
+    F.set_fault("large_params_absent", 1)
+    F.rebind()
+    stream = side_stream(1)
+    buffer = page_aligned(5 * 4096)
+    host = buffer[4096:].view(4, 4096)
+    src = caches(4096, 4, "device", pairs=1, seed=39, device=1)
+    want = expected(src, [host], [0, 2], [3, 1])
+    with registered(host):
+        torch_kvswap.set_copy_method(method)
+        torch_kvswap.swap_blocks(src, [host], torch.tensor([0, 2]), torch.tensor([3, 1]))
+        assert F.synchronize(stream) == "cudaSuccess"
+        assert torch.equal(host, want[0])
+    assert F.batches() == [] and not F.batch_enabled(1)
+    assert F.kernel_param_bytes(1) == 4096
+    assert F.violations() == []
