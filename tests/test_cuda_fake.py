@@ -1535,11 +1535,16 @@ def _restore_refused_case():
 
 
 def test_a_refused_device_restore_warns_once_and_never_throws():
-    """A throwing destructor ends the process: the case runs in a child."""
-    from isolation import run_isolated
-    outcome = run_isolated(_restore_refused_case)
-    assert not outcome.crashed, outcome.message
-    assert outcome.error_type is None, outcome.message
+    """A throwing destructor ends the process: the case runs in a child process of its own,
+    which exits normally (so an instrumented build's coverage counts it)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {here!r}); import test_cuda_fake as t; "
+            "t._restore_refused_case()")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, (child.returncode, child.stderr[-4000:])
 
 
 # --- batches: copies land in no order -----------------------------------------------------------

@@ -387,7 +387,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-launch-ignores-the-current-device",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
-        find="  if (s->device != t_device) return note(\"cudaLaunchKernel\", s, cudaErrorInvalidResourceHandle);",
+        find="  if (s->device != t_device) return failed_work(\"cudaLaunchKernel\", s, cudaErrorInvalidResourceHandle);",
         replace="",
         tests=[FAKE + "::test_fake_rule_launches_and_event_records_belong_to_the_current_device"],
         why="a launch on a stream of another device succeeds in the fake",
