@@ -116,25 +116,23 @@ class DeviceScope {
     if (previous_ == device_) return;
     try {
       api().exchange_device(previous_);
-    } catch (const c10::Error& e) {
-      warn_not_restored(e.what_without_backtrace());
-    } catch (...) {
-      warn_not_restored("an unknown error");
+    } catch (const std::exception& e) {  // torch's guard raises c10::Error
+      const auto* error = dynamic_cast<const c10::Error*>(&e);
+      warn_not_restored(error != nullptr ? error->what_without_backtrace() : e.what());
     }
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
+  // TORCH_WARN hands the warning to torch's handler and does not throw (c10's
+  // guards warn from their destructors the same way).
   void warn_not_restored(const char* why) const noexcept {
-    try {
-      clear_last_error();
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true)) {
-        TORCH_WARN("kvswap CUDA engine: could not make cuda:", previous_, " current again after working on cuda:",
-                   device_, " (", why, "); cuda:", device_, " stays current");
-      }
-    } catch (...) {  // a warning handler that raises: nothing more can be said
+    clear_last_error();
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      TORCH_WARN("kvswap CUDA engine: could not make cuda:", previous_, " current again after working on cuda:",
+                 device_, " (", why, "); cuda:", device_, " stays current");
     }
   }
 
