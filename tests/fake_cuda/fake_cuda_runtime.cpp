@@ -94,7 +94,8 @@
 // * Faults: the batch entry absent, the batch call answering an error, a
 //   failing descriptor k, a failing cudaMemcpyAsync k, a failing host
 //   registration, runtime and driver versions, the compute capability, the
-//   large-parameter launcher absent, and a stalled device.
+//   large-parameter launcher absent, a stalled device, a device that
+//   cudaSetDevice refuses, and a batch call that reports failIdx (12.8/12.9).
 // The kernel body counts the bytes it copies per word width (host build only).
 #define KVSWAP_COPY_KERNEL_STATS 1
 #include "fake_cuda_runtime.h"
