@@ -842,6 +842,7 @@ def test_environment_report_says_what_the_engine_uses_on_the_device(fake, fault,
     report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("cuda:0")))
     assert set(report) == {"batch_api", "capture_query", "pin_in_place", "kernel_params"}
     assert report["batch_api"].startswith("cudaMemcpyBatchAsync in use" if batch else "not in use")
+    assert report["capture_query"].startswith("cudaStreamIsCapturing ")  # what the table binds
     assert report["kernel_params"] == f"{F.kernel_param_bytes(0)} bytes per launch"
 
 
@@ -1324,3 +1325,295 @@ def test_fake_error_names_and_the_no_op_table(fake):
     with pytest.raises(RuntimeError, match=r"cudaErrorUnknown\(fake\)"):
         torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
     assert F.noop_calls() == 0
+
+
+# --- pinned means every byte: the engine's own registrations decide --------------------------
+
+DEV0 = torch.device("cuda", 0)
+
+
+def host_mapped(tensors):
+    """`_host_mapped` of CPU tensors as the core asks it: under the CUDA key."""
+    return torch.ops.kvswap._host_mapped.default.redispatch(CUDA, tensors, DEV0)
+
+
+def page_aligned(nbytes):
+    """A pageable host buffer of `nbytes` starting on a 4 KiB boundary."""
+    raw = torch.zeros(nbytes + 4096, dtype=torch.uint8)
+    skip = -raw.data_ptr() % 4096
+    return raw[skip:skip + nbytes]
+
+
+@contextlib.contextmanager
+def registered(*buffers):
+    for b in buffers:
+        torch.ops.kvswap._host_register(b, DEV0, True)
+    try:
+        yield
+    finally:
+        for b in buffers:
+            torch.ops.kvswap._host_register(b, DEV0, False)
+
+
+def test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it(fake):
+    stream = side_stream()
+    buffer = page_aligned(6 * 4096)
+    host = buffer[2 * 4096:].view(4, 4096)  # its storage begins two pages before it
+    src = caches(4096, 4, "device", pairs=1, seed=31)
+    want = expected(src, [host], [0, 3], [2, 1])
+    with registered(host):
+        assert host_mapped([host])
+        torch_kvswap.set_copy_method("kernel")
+        torch_kvswap.swap_blocks(src, [host], torch.tensor([0, 3]), torch.tensor([2, 1]))
+        assert F.synchronize(stream) == "cudaSuccess"
+        assert torch.equal(host, want[0])
+        # Under capture the copy is not refused as pageable either.
+        torch_kvswap.set_copy_method("auto")
+        with captured(stream) as cap:
+            torch_kvswap.swap_blocks(src, [host], torch.tensor([1]), torch.tensor([0]))
+        assert cap.error == "cudaSuccess"
+    assert F.violations() == []
+
+
+def test_a_registered_prefix_does_not_make_the_whole_tensor_mapped(fake):
+    side_stream()
+    buffer = page_aligned(4 * 4096)
+    host = buffer.view(4, 4096)
+    src = caches(4096, 4, "device", pairs=1, seed=32)
+    with registered(buffer[:2 * 4096]):
+        assert host_mapped([host[:2]])
+        assert not host_mapped([host])
+        assert not host_mapped([host[1:3]])  # from inside the registration out of it
+        torch_kvswap.set_copy_method("kernel")
+        with pytest.raises(ValueError, match="kernel"):
+            torch_kvswap.swap_blocks(src, [host], torch.tensor([0]), torch.tensor([3]))
+    assert F.violations() == []  # the kernel never touched the unregistered pages
+    assert F.last_error(True) == "cudaSuccess"
+
+
+def test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are(fake):
+    stream = side_stream()
+    buffer = page_aligned(4 * 4096)
+    host = buffer.view(4, 4096)
+    with registered(buffer[:4096], buffer[2 * 4096:3 * 4096]):
+        assert host_mapped([host[0:1]]) and host_mapped([host[2:3]])
+        assert not host_mapped([host[0:3]])  # page 1 between them is pageable
+    with registered(buffer[:4096], buffer[4096:3 * 4096], buffer[3 * 4096:]):
+        assert host_mapped([host])
+        src = caches(4096, 4, "device", pairs=1, seed=33)
+        want = expected(src, [host], [0, 1, 2, 3], [3, 2, 1, 0])
+        torch_kvswap.set_copy_method("kernel")
+        torch_kvswap.swap_blocks(src, [host], torch.tensor([0, 1, 2, 3]), torch.tensor([3, 2, 1, 0]))
+        assert F.synchronize(stream) == "cudaSuccess"
+        assert torch.equal(host, want[0])
+    assert not host_mapped([host])  # unregistered again
+    assert F.violations() == []
+
+
+def test_the_runtime_has_a_second_opinion_on_registered_bytes(fake):
+    buffer = page_aligned(2 * 4096)
+    with registered(buffer):
+        assert host_mapped([buffer])
+        # The runtime forgets the registration behind the engine's back.
+        assert F.host_register_raw(buffer.data_ptr(), 0, False) == "cudaSuccess"
+        assert not host_mapped([buffer])
+        assert F.host_register_raw(buffer.data_ptr(), buffer.numel(), True) == "cudaSuccess"
+
+
+def test_a_strided_host_view_is_judged_by_every_byte_it_spans(fake):
+    buffer = page_aligned(4 * 4096)
+    rows = buffer.view(4, 4096)
+    with registered(buffer[:3 * 4096]):
+        assert host_mapped([rows[:3, :8]])
+        assert not host_mapped([rows[:, :8]])  # 32 bytes, but its last row is in the fourth page
+        assert host_mapped([rows[:, :8].t()[:, :3]])  # transposed: the same bytes of three rows
+
+
+# --- the device: the engine works with the caches' device current -----------------------------
+
+
+@pytest.mark.parametrize("method,block_bytes", [("kernel", 4096), ("dma", 65536)])
+@pytest.mark.parametrize("legacy", [False, True])
+def test_copies_on_a_device_that_is_not_current(fake, method, block_bytes, legacy):
+    """Current device 0, caches on device 1: the kernel must launch, and the batch's event be
+    created, with device 1 current (fake rules: cuda_runtime_api.h:1625-1628, 2804)."""
+    if not legacy:
+        side_stream(1)
+    assert F.current_device() == 0
+    src = caches(block_bytes, 4, "device", pairs=2, seed=35, device=1)
+    dst = caches(block_bytes, 4, "pinned", pairs=2, seed=36)
+    want = expected(src, dst, [0, 3], [1, 2])
+    torch_kvswap.set_copy_method(method)
+    torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 3]), torch.tensor([1, 2]))
+    assert F.current_device() == 0  # restored
+    F.set_device(1)  # the stream handle 0 means the current device's legacy stream
+    assert F.synchronize(F.current_stream(1)) == "cudaSuccess", (F.violations(), F.call_log())
+    F.set_device(0)
+    assert all(torch.equal(d, w) for d, w in zip(dst, want))
+    assert F.violations() == []
+    assert bool(F.launches()) == (method == "kernel")
+
+
+def test_an_invalid_device_is_the_runtimes_error(fake):
+    """cudaSetDevice answers cudaErrorInvalidDevice for an ordinal that is no device; torch's
+    guard raises it."""
+    with pytest.raises(RuntimeError, match="cudaErrorInvalidDevice"):
+        torch.ops.kvswap._stream_capturing(torch.device("cuda", 2))  # two devices
+    with pytest.raises(RuntimeError, match="cudaErrorInvalidDevice"):
+        F.set_device(-1)
+    assert F.current_device() == 0
+    assert F.last_error(True) == "cudaSuccess"
+
+
+def test_fake_rule_launches_and_event_records_belong_to_the_current_device(fake):
+    """Kernels run on the current device; an event belongs to the device current when it was
+    created and records only on a stream of that device (cuda_runtime_api.h:1625-1628, 2804).
+    A copy on another device's stream succeeds (Programming Guide, Stream and Event Behavior)."""
+    other = F.create_stream(1, False)
+    mine = F.create_stream(0, False)
+    assert F.launch_empty(other, 1, 1, 1) == "cudaErrorInvalidResourceHandle"
+    assert F.launch_empty(mine, 1, 1, 1) == "cudaSuccess"
+    _, event = F.event_create()
+    assert F.event_record(event, other) == "cudaErrorInvalidResourceHandle"
+    assert F.event_record(event, mine) == "cudaSuccess"
+    F.set_device(1)
+    assert F.launch_empty(other, 1, 1, 1) == "cudaSuccess"
+    assert F.event_record(event, other) == "cudaErrorInvalidResourceHandle"  # still device 0's
+    assert F.event_record(F.event_create()[1], other) == "cudaSuccess"
+    F.set_device(0)
+    src = F.device_copy(torch.arange(64, dtype=torch.uint8), 1)
+    dst = F.pinned_copy(torch.zeros(64, dtype=torch.uint8))
+    assert F.memcpy_on(dst.data_ptr(), src.data_ptr(), 64, 2, other) == "cudaSuccess"
+    assert F.synchronize(other) == "cudaSuccess" and F.synchronize(mine) == "cudaSuccess"
+    assert torch.equal(dst, torch.arange(64, dtype=torch.uint8))
+
+
+def _restore_refused_case():
+    """Runs in a child: the engine's scope cannot make cuda:1 current again."""
+    import os
+    import tempfile
+    import warnings
+
+    F.install()
+    F.reset(2)
+    err = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(err.fileno(), 2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            side_stream(0)
+            src = caches(4096, 4, "device", pairs=1, seed=37)
+            dst = caches(4096, 4, "pinned", pairs=1, seed=38)
+            want = expected(src, dst, [0, 1], [2, 3])
+            torch_kvswap.set_copy_method("kernel")
+            F.set_device(1)
+            F.set_fault("refuse_device", 1)
+            torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
+            assert F.current_device() == 0  # stays: the restore was refused
+            assert F.synchronize(F.current_stream(0)) == "cudaSuccess"
+            assert torch.equal(dst[0], want[0])
+            assert F.last_error(True) == "cudaSuccess"
+            # Refused again while the launch's own error unwinds: that error arrives.
+            F.set_fault("refuse_device", -1)
+            F.set_device(1)
+            F.set_fault("refuse_device", 1)
+            F.set_fault("launch_fail_at", 1)
+            try:
+                torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+                raise AssertionError("the failed launch was not reported")
+            except RuntimeError as e:
+                assert "launching the block copy kernel" in str(e) and "nothing was copied" in str(e), e
+        os.dup2(saved, 2)
+        err.seek(0)
+        text = err.read().decode() + "".join(f"{w.message}\n" for w in caught)
+        assert text.count("could not make cuda:1 current again") == 1, text  # once per process
+        assert "cudaErrorDevicesUnavailable" in text, text
+    finally:
+        os.dup2(saved, 2)
+        F.uninstall()
+
+
+def test_a_refused_device_restore_warns_once_and_never_throws():
+    """A throwing destructor ends the process: the case runs in a child process of its own,
+    which exits normally (so an instrumented build's coverage counts it)."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {here!r}); import test_cuda_fake as t; "
+            "t._restore_refused_case()")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, (child.returncode, child.stderr[-4000:])
+
+
+# --- batches: copies land in no order -----------------------------------------------------------
+
+
+def test_fake_rule_a_batchs_copies_land_in_no_set_order(fake):
+    """cuda_runtime_api.h:6371-6378. Eight copies into one byte: the byte keeps whichever ran
+    last, which is not always the last submitted."""
+    stream = F.create_stream(0, False)
+    src = F.device_copy(torch.arange(8, dtype=torch.uint8))
+    dst = F.pinned_copy(torch.full((1,), 255, dtype=torch.uint8))
+    table = torch.tensor([[dst.data_ptr()] * 8, [src.data_ptr() + i for i in range(8)], [1] * 8])
+    landed = set()
+    for _ in range(6):
+        assert F.batch_copy(table, stream) == "cudaSuccess"
+        assert F.synchronize(stream) == "cudaSuccess"
+        landed.add(int(dst[0]))
+    assert len(landed) > 1 and landed <= set(range(8)), landed
+
+
+def test_a_batch_failure_names_the_descriptor_the_runtime_reports(fake):
+    """CUDA 12.8/12.9 report the failing copy through failIdx; CUDA 13 has no such output."""
+    side_stream()
+    src = caches(4096, 8, "device", pairs=1)
+    dst = caches(4096, 8, "pinned", pairs=1)
+    F.set_fault("batch_fail_at", 2)
+    torch_kvswap.set_copy_method("dma")
+    with pytest.raises(RuntimeError) as info:
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5]))
+    assert "the runtime names" not in str(info.value)
+    F.set_fault("reports_fail_index", 1)
+    with pytest.raises(RuntimeError, match=r"the runtime names descriptor 2: "):
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2, 4]), torch.tensor([1, 3, 5]))
+
+
+@pytest.mark.parametrize("method,fault", [("dma", "memcpy_fail_at"), ("kernel", "launch_fail_at")])
+def test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture(fake, method, fault):
+    """No source says what a failed call does to a capture: the fake invalidates it (the
+    unkind answer), so the partial graph is never instantiated."""
+    stream = side_stream()
+    src = caches(4096, 4, "device", pairs=1)
+    dst = caches(4096, 4, "pinned", pairs=1)
+    torch_kvswap.set_copy_method(method)
+    F.set_fault(fault, 1)  # the second copy or launch
+    with captured(stream) as cap:
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+        with pytest.raises(RuntimeError, match="cudaErrorInvalidValue"):
+            torch_kvswap.swap_blocks(src, dst, torch.tensor([2]), torch.tensor([3]))
+    assert cap.error == "cudaErrorStreamCaptureInvalidated"
+    assert cap.graph is None
+
+
+@pytest.mark.parametrize("method", ["dma", "kernel"])
+def test_the_engine_works_with_every_optional_entry_absent(fake, method):
+    """No batch API and no large-parameter launcher in the table: per-descriptor copies, 4 KiB
+    kernel parameters, on a device that is not current, into a host view pinned in place."""
+    F.set_fault("batch_absent", 1)
+    F.set_fault("large_params_absent", 1)
+    F.rebind()
+    stream = side_stream(1)
+    buffer = page_aligned(5 * 4096)
+    host = buffer[4096:].view(4, 4096)
+    src = caches(4096, 4, "device", pairs=1, seed=39, device=1)
+    want = expected(src, [host], [0, 2], [3, 1])
+    with registered(host):
+        torch_kvswap.set_copy_method(method)
+        torch_kvswap.swap_blocks(src, [host], torch.tensor([0, 2]), torch.tensor([3, 1]))
+        assert F.synchronize(stream) == "cudaSuccess"
+        assert torch.equal(host, want[0])
+    assert F.batches() == [] and not F.batch_enabled(1)
+    assert F.kernel_param_bytes(1) == 4096
+    assert F.violations() == []

@@ -54,8 +54,12 @@ __global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel_large(const L
 }
 
 // The launch entries of the real runtime table (cuda_api_real.cpp). Each
-// returns the launch's own error; cudaLaunchKernel does not report an
-// earlier call's.
+// returns cudaLaunchKernel's answer, which may be an error of an earlier
+// asynchronous launch rather than this one's (cuda_runtime_api.h:3757,
+// \notefnerr, which the runtime API reference renders as "this function may
+// also return error codes from previous, asynchronous launches"); the engine
+// reports it as this launch's failure and says which launches were queued
+// before it.
 cudaError_t launch_copy_kernel(const CopyParams* params, unsigned grid_x, unsigned grid_y,
                                cudaStream_t stream) {
   void* args[] = {const_cast<CopyParams*>(params)};

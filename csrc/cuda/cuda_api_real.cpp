@@ -63,16 +63,25 @@ int exchange_device(int device) {
 }
 
 #if CUDART_VERSION >= 13000
-MemcpyBatchFn batch_entry() { return &cudaMemcpyBatchAsync; }
+// CUDA 13 dropped failIdx: the table's is left as the caller set it.
+cudaError_t batch_13(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
+                     cudaMemcpyAttributes* attrs, size_t* attrs_idxs, size_t num_attrs, size_t*,
+                     cudaStream_t stream) {
+  return cudaMemcpyBatchAsync(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, stream);
+}
+MemcpyBatchFn batch_entry() { return &batch_13; }
 #elif CUDART_VERSION >= 12080
 // CUDA 12.8 and 12.9 declare the batch call with a failIdx output and
 // non-const arrays; they are inputs all the same, passed in place (the
-// engine holds them until the copies have run).
+// engine holds them until the copies have run). failIdx, where the caller
+// passes one, receives the runtime's answer.
 cudaError_t batch_12x(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
-                      cudaMemcpyAttributes* attrs, size_t* attrs_idxs, size_t num_attrs, cudaStream_t stream) {
-  size_t fail_index = SIZE_MAX;
+                      cudaMemcpyAttributes* attrs, size_t* attrs_idxs, size_t num_attrs, size_t* fail_idx,
+                      cudaStream_t stream) {
+  size_t unused = SIZE_MAX;
   return cudaMemcpyBatchAsync(const_cast<void**>(dsts), const_cast<void**>(srcs), const_cast<size_t*>(sizes),
-                              count, attrs, attrs_idxs, num_attrs, &fail_index, stream);
+                              count, attrs, attrs_idxs, num_attrs, fail_idx != nullptr ? fail_idx : &unused,
+                              stream);
 }
 MemcpyBatchFn batch_entry() { return &batch_12x; }
 #else

@@ -44,9 +44,11 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <iterator>
 #include <limits>
-#include <optional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -102,17 +104,38 @@ int checked_index(c10::Device device) {
 }
 
 // Makes `device` current for the scope, as c10::DeviceGuard does, through the
-// table (torch's CUDA guard in `_C_cuda`).
+// table (torch's CUDA guard in `_C_cuda`, which raises when the runtime
+// refuses the device). Restoring never throws: a destructor that throws ends
+// the process (it is noexcept, and the scope may be unwinding another
+// error). As c10's guards do (uncheckedSetDevice), a failed restore clears
+// the runtime's error and warns, once per process.
 class DeviceScope {
  public:
   explicit DeviceScope(int device) : previous_(api().exchange_device(device)), device_(device) {}
   ~DeviceScope() {
-    if (previous_ != device_) api().exchange_device(previous_);
+    if (previous_ == device_) return;
+    try {
+      api().exchange_device(previous_);
+    } catch (const std::exception& e) {  // torch's guard raises c10::Error
+      const auto* error = dynamic_cast<const c10::Error*>(&e);
+      warn_not_restored(error != nullptr ? error->what_without_backtrace() : e.what());
+    }
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
+  // TORCH_WARN hands the warning to torch's handler and does not throw (c10's
+  // guards warn from their destructors the same way).
+  void warn_not_restored(const char* why) const noexcept {
+    clear_last_error();
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      TORCH_WARN("kvswap CUDA engine: could not make cuda:", previous_, " current again after working on cuda:",
+                 device_, " (", why, "); cuda:", device_, " stays current");
+    }
+  }
+
   int previous_;
   int device_;
 };
@@ -290,9 +313,10 @@ bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vect
   args->attr.dstLocHint = b.direction == Direction::kDeviceToHost ? host : dev;
 
   const DescriptorArrays arrays = descriptor_arrays(b);
+  size_t fail_index = SIZE_MAX;  // set by CUDA 12.8/12.9 on a failure
   const cudaError_t err =
       api().memcpy_batch_async(arrays.dsts, const_cast<const void* const*>(arrays.srcs), arrays.sizes,
-                               static_cast<size_t>(b.count), &args->attr, &args->index, 1, stream);
+                               static_cast<size_t>(b.count), &args->attr, &args->index, 1, &fail_index, stream);
   if (err != cudaSuccess) {
     clear_last_error();
     if (means_unsupported(err)) {
@@ -301,6 +325,9 @@ bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vect
     }
     TORCH_CHECK(false, "kvswap CUDA engine: cudaMemcpyBatchAsync failed: ", describe_error(err), ". ",
                 b.count, " descriptors (", direction_name(static_cast<int64_t>(b.direction)), "); ",
+                fail_index < static_cast<size_t>(b.count)
+                    ? "the runtime names " + describe_descriptor(b, static_cast<int64_t>(fail_index)) + "; "
+                    : std::string(),
                 "any of them may have been queued, wholly or in part (the runtime does not say how far "
                 "it got), and what was will still run");
   }
@@ -536,15 +563,97 @@ bool stream_capturing_cuda(c10::Device device) {
   return is_capturing(api().current_stream(index));
 }
 
-// Whether the kernel can address every host tensor of `tensors`: page-locked
-// and mapped, at the same address on the device (unified addressing). One
-// cudaPointerGetAttributes per distinct storage, with `device` current:
-// devicePointer is "the device pointer alias through which the memory ...
-// may be accessed on the current device" (cuda_runtime_api.h:8419-8421).
+namespace {
+
+// Host ranges this engine pinned in place (`_host_register`), by start
+// address: [start, start + bytes). cudaHostRegister refuses a range "already
+// registered" (cudaErrorHostMemoryAlreadyRegistered, driver_types.h:851-855)
+// and cudaHostUnregister takes the base address given to it
+// (cuda_runtime_api.h:4992), so entries are keyed by start and disjoint;
+// adjacent ones may touch.
+struct Registrations {
+  std::mutex mu;
+  std::map<uintptr_t, uintptr_t> ranges;  // start -> end
+};
+
+Registrations& registrations() {
+  static Registrations* r = new Registrations();  // process lifetime: deleters may run late
+  return *r;
+}
+
+// The bytes a non-empty host tensor's elements span, from its first element
+// to the end of its last (torch's strides are never negative).
+std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
+  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  int64_t last = 0;  // the last element's offset, in elements
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};
+}
+
+// How this engine's registrations meet [lo, hi): not at all, partly, or
+// every byte, through one registration or several adjacent ones. `starts`
+// receives, when covered, where each covering registration begins within
+// the range (for the runtime's second opinion).
+enum class Coverage { kNone, kPartial, kFull };
+
+Coverage registered_coverage(uintptr_t lo, uintptr_t hi, std::vector<uintptr_t>& starts) {
+  Registrations& r = registrations();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.ranges.upper_bound(lo);
+  if (it != r.ranges.begin() && std::prev(it)->second > lo) --it;
+  bool any = false;
+  uintptr_t covered = lo;  // every byte of [lo, covered) is registered
+  for (; it != r.ranges.end() && it->first < hi; ++it) {
+    if (it->second <= lo) continue;
+    any = true;
+    if (it->first > covered) return Coverage::kPartial;  // a gap before this one
+    starts.push_back(std::max(it->first, lo));
+    covered = std::max(covered, it->second);
+    if (covered >= hi) return Coverage::kFull;
+  }
+  return any ? Coverage::kPartial : Coverage::kNone;
+}
+
+// The runtime's answer for `p`: page-locked and mapped at the same address
+// for the current device. cudaErrorInvalidValue: memory the runtime does not
+// know (before CUDA 11.0 the answer for pageable memory,
+// cuda_runtime_api.h:8389-8393). Anything else is a failure of its own (a
+// sticky error, say), not an answer about the memory.
+bool runtime_says_mapped(const void* p, c10::Device device) {
+  cudaPointerAttributes attrs{};
+  const cudaError_t err = api().pointer_get_attributes(&attrs, p);
+  if (err == cudaErrorInvalidValue) {
+    clear_last_error();
+    return false;
+  }
+  KVSWAP_CUDA_CHECK_NAMED(err, "cudaPointerGetAttributes", "asking whether host memory at ", p,
+                          " is mapped for ", device);
+  return attrs.type == cudaMemoryTypeHost && attrs.devicePointer == p;
+}
+
+}  // namespace
+
+// Whether the kernel can address every byte of every host tensor of
+// `tensors`: page-locked and mapped, at the same address on the device
+// (unified addressing), with `device` current: devicePointer is "the device
+// pointer alias through which the memory ... may be accessed on the current
+// device" (cuda_runtime_api.h:8419-8421).
+//
+// The runtime's query answers for one address and says nothing of how far
+// the page-locked range reaches, so a tensor's bytes are judged against this
+// engine's own registrations first:
+//   every byte inside registrations (one, or adjacent ones): mapped if the
+//     runtime agrees at the start of each (a second opinion);
+//   some bytes inside, some not (a registered prefix, a gap): not mapped;
+//   none: memory pinned by someone else, a page-locked allocation
+//     (cudaHostAlloc, torch's pinned allocator) is one range that holds its
+//     storage whole, so the storage's first byte answers, once per storage.
 // The core asks this while the stream may be capturing. The header does not
 // list which calls are "potentially unsafe" during capture (cuda_runtime_api.h:
 // 2524-2525 names cudaMalloc as an example); this one touches no stream, so it
 // runs with the thread's capture mode relaxed, which is always legal.
+namespace {
+
 class RelaxedCaptureMode {
  public:
   RelaxedCaptureMode() { KVSWAP_CUDA_CHECK(api().thread_exchange_stream_capture_mode(&mode_)); }
@@ -558,29 +667,36 @@ class RelaxedCaptureMode {
   cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
 };
 
+}  // namespace
+
 bool host_mapped_cuda(at::TensorList tensors, c10::Device device) {
   const int index = checked_index(device);
   DeviceScope scope(index);
   std::optional<RelaxedCaptureMode> relaxed;
-  std::vector<const void*> seen;
+  std::vector<const void*> asked;  // addresses the runtime answered "mapped" for
+  auto mapped_at = [&](const void* p) {
+    if (std::find(asked.begin(), asked.end(), p) != asked.end()) return true;
+    if (!relaxed) relaxed.emplace();
+    if (!runtime_says_mapped(p, device)) return false;
+    asked.push_back(p);
+    return true;
+  };
   for (const auto& t : tensors) {
     if (!t.device().is_cpu() || t.numel() == 0) continue;
-    const void* base = t.has_storage() ? t.storage().data() : t.const_data_ptr();
-    if (std::find(seen.begin(), seen.end(), base) != seen.end()) continue;
-    seen.push_back(base);
-    if (!relaxed) relaxed.emplace();
-    cudaPointerAttributes attrs{};
-    const cudaError_t err = api().pointer_get_attributes(&attrs, base);
-    // cudaErrorInvalidValue: memory the runtime does not know (before CUDA
-    // 11.0 the answer for pageable memory, cuda_runtime_api.h:8389-8393). Anything else is a failure
-    // of its own (a sticky error, say), not an answer about the memory.
-    if (err == cudaErrorInvalidValue) {
-      clear_last_error();
-      return false;
+    const auto [lo, hi] = byte_range(t);
+    std::vector<uintptr_t> starts;
+    switch (registered_coverage(lo, hi, starts)) {
+      case Coverage::kPartial:
+        return false;
+      case Coverage::kFull:
+        for (const uintptr_t start : starts) {
+          if (!mapped_at(reinterpret_cast<const void*>(start))) return false;
+        }
+        break;
+      case Coverage::kNone:
+        if (!mapped_at(t.has_storage() ? t.storage().data() : t.const_data_ptr())) return false;
+        break;
     }
-    KVSWAP_CUDA_CHECK_NAMED(err, "cudaPointerGetAttributes", "asking whether host memory at ", base,
-                            " is mapped for ", device);
-    if (attrs.type != cudaMemoryTypeHost || attrs.devicePointer != base) return false;
   }
   return true;
 }
@@ -588,12 +704,18 @@ bool host_mapped_cuda(at::TensorList tensors, c10::Device device) {
 void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin) {
   DeviceScope scope(checked_index(device));
   void* ptr = buffer.data_ptr();
+  const auto start = reinterpret_cast<uintptr_t>(ptr);
+  Registrations& r = registrations();
   if (pin) {
     // Mapped, so the kernel path can address it; portable, for every device.
     KVSWAP_CUDA_CHECK(api().host_register(ptr, buffer.nbytes(), cudaHostRegisterMapped | cudaHostRegisterPortable),
                       "pinning ", buffer.nbytes(), " host bytes");
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.ranges[start] = start + buffer.nbytes();
   } else {
     KVSWAP_CUDA_CHECK(api().host_unregister(ptr));
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.ranges.erase(start);
   }
 }
 
@@ -617,7 +739,7 @@ std::vector<std::string> engine_report_cuda(c10::Device device) {
           (batch ? "cudaMemcpyBatchAsync in use"
                  : "not in use (absent, runtime or driver before 12.8, or refused on this device): one "
                    "cudaMemcpyAsync per copy"),
-      "capture_query=cudaStreamGetCaptureInfo (every CUDA release)",
+      "capture_query=cudaStreamIsCapturing (every CUDA release)",
       "pin_in_place=cudaHostRegister (mapped, portable)",
       "kernel_params=" + std::to_string(param_limit(index)) + " bytes per launch",
   };

@@ -24,11 +24,12 @@ class Library;
 namespace kvswap {
 namespace cuda {
 
-// cudaMemcpyBatchAsync as CUDA 13 declares it (cuda_runtime_api.h:6435);
-// the real table adapts CUDA 12.8's form (with failIdx) to it.
+// cudaMemcpyBatchAsync as CUDA 13 declares it (cuda_runtime_api.h:6435),
+// plus CUDA 12.8/12.9's failIdx output: where the runtime has one it
+// receives the index of the copy that failed; CUDA 13 has none and leaves it.
 using MemcpyBatchFn = cudaError_t (*)(void* const* dsts, const void* const* srcs, const size_t* sizes,
                                       size_t count, cudaMemcpyAttributes* attrs, size_t* attrs_idxs,
-                                      size_t num_attrs, cudaStream_t stream);
+                                      size_t num_attrs, size_t* fail_idx, cudaStream_t stream);
 
 struct CudaApi {
   // torch's state: the current stream of a device (torch's, not the

@@ -35,10 +35,10 @@ MUTANTS = [
     dict(
         name="cuda-batch-attrs-per-descriptor",
         file="csrc/cuda/cuda_engine.cpp",
-        find="&args->attr, &args->index, 1, stream);",
+        find="&args->attr, &args->index, 1, &fail_index, stream);",
         replace="BatchAttrs<cudaMemcpyAttributes>::per_descriptor(b.count, args->attr)->attrs.data(),\n"
                 "BatchAttrs<cudaMemcpyAttributes>::per_descriptor(b.count, args->attr)->indexes.data(),\n"
-                "static_cast<size_t>(b.count), stream);",
+                "static_cast<size_t>(b.count), &fail_index, stream);",
         tests=[FAKE + "::test_finding_3_one_attrs_entry_with_index_zero"],
         why="review finding 3: one attrs entry and one index per descriptor, built on every call",
     ),
@@ -63,7 +63,7 @@ MUTANTS = [
     dict(
         name="cuda-pointer-attributes-per-tensor",
         file="csrc/cuda/cuda_engine.cpp",
-        find="    if (std::find(seen.begin(), seen.end(), base) != seen.end()) continue;\n",
+        find="    if (std::find(asked.begin(), asked.end(), p) != asked.end()) return true;\n",
         replace="",
         tests=[FAKE + "::test_finding_5_pointer_attributes_once_per_host_storage_with_the_device_current"],
         why="review finding 5: one cudaPointerGetAttributes per cache tensor on every call",
@@ -183,8 +183,8 @@ MUTANTS = [
     dict(
         name="cuda-pointer-query-errors-read-as-unmapped",
         file="csrc/cuda/cuda_engine.cpp",
-        find="    if (err == cudaErrorInvalidValue) {\n      clear_last_error();\n      return false;\n    }",
-        replace="    if (err != cudaSuccess) {\n      clear_last_error();\n      return false;\n    }",
+        find="  if (err == cudaErrorInvalidValue) {\n    clear_last_error();\n    return false;\n  }",
+        replace="  if (err != cudaSuccess) {\n    clear_last_error();\n    return false;\n  }",
         tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
         why="a sticky error from the pointer query reads as 'not mapped' and the message blames the "
             "caller's memory",
@@ -313,5 +313,124 @@ MUTANTS = [
         replace="",
         tests=[FAKE + "::test_a_kernel_launch_failure_names_the_launches_already_queued"],
         why="the launches of the current ids for the pairs before the failing launch ran too",
+    ),
+    # --- pinned means every byte (issue 25) ---
+    dict(
+        name="cuda-mapped-by-storage-base",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="    switch (registered_coverage(lo, hi, starts)) {",
+        replace="    (void)registered_coverage(lo, hi, starts);\n    switch (Coverage::kNone) {",
+        tests=[FAKE + "::test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it",
+               FAKE + "::test_a_registered_prefix_does_not_make_the_whole_tensor_mapped"],
+        why="only the storage base is asked: a registered view at an offset reads as pageable, a "
+            "registered prefix as mapped for the whole tensor (the kernel touches unregistered pages)",
+    ),
+    dict(
+        name="cuda-registration-gap-ignored",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="    if (it->first > covered) return Coverage::kPartial;  // a gap before this one\n",
+        replace="",
+        tests=[FAKE + "::test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are"],
+        why="a pageable page between two registrations reads as mapped",
+    ),
+    dict(
+        name="cuda-mapped-without-the-runtimes-opinion",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="          if (!mapped_at(reinterpret_cast<const void*>(start))) return false;",
+        replace="          (void)start;",
+        tests=[FAKE + "::test_the_runtime_has_a_second_opinion_on_registered_bytes"],
+        why="the engine's table alone decides, though the runtime no longer has the registration",
+    ),
+    dict(
+        name="cuda-mapped-range-ignores-strides",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};",
+        replace="  return {first, first + t.nbytes()};",
+        tests=[FAKE + "::test_a_strided_host_view_is_judged_by_every_byte_it_spans"],
+        why="a strided view is judged by as many bytes as its elements, from its first: its last "
+            "rows may lie outside the registration",
+    ),
+    # --- the device (issue 25) ---
+    dict(
+        name="cuda-device-scope-restore-throws",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="  ~DeviceScope() {\n    if (previous_ == device_) return;\n",
+        replace="  ~DeviceScope() {\n    if (previous_ != device_) api().exchange_device(previous_);\n    return;\n",
+        tests=[FAKE + "::test_a_refused_device_restore_warns_once_and_never_throws"],
+        why="a refused restore throws from a destructor: the process terminates",
+    ),
+    dict(
+        name="cuda-kernel-without-device-scope",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="  if (n == 0 || pairs.empty()) return;\n\n  DeviceScope scope(index);\n",
+        replace="  if (n == 0 || pairs.empty()) return;\n\n",
+        tests=[FAKE + "::test_copies_on_a_device_that_is_not_current"],
+        why="the kernel launches with another device current: refused on its stream, or run on "
+            "the wrong device's legacy stream",
+    ),
+    dict(
+        name="cuda-submit-without-device-scope",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="    DeviceScope scope(index);\n    const cudaStream_t stream = api().current_stream(index);\n",
+        replace="    const cudaStream_t stream = api().current_stream(index);\n",
+        tests=[FAKE + "::test_copies_on_a_device_that_is_not_current"],
+        why="the batch's completion event is created on the current device, not the stream's",
+    ),
+    dict(
+        name="cuda-batch-fail-index-dropped",
+        file="csrc/cuda/cuda_engine.cpp",
+        find="                fail_index < static_cast<size_t>(b.count)\n",
+        replace="                false\n",
+        tests=[FAKE + "::test_a_batch_failure_names_the_descriptor_the_runtime_reports"],
+        why="CUDA 12.8/12.9's failIdx is not reported",
+    ),
+    dict(
+        name="fake-cuda-launch-ignores-the-current-device",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  if (s->device != t_device) return failed_work(\"cudaLaunchKernel\", s, cudaErrorInvalidResourceHandle);",
+        replace="",
+        tests=[FAKE + "::test_fake_rule_launches_and_event_records_belong_to_the_current_device"],
+        why="a launch on a stream of another device succeeds in the fake",
+    ),
+    dict(
+        name="fake-cuda-event-record-ignores-devices",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  if (e->device != s->device) return note(\"cudaEventRecord\", s, cudaErrorInvalidResourceHandle);",
+        replace="",
+        tests=[FAKE + "::test_fake_rule_launches_and_event_records_belong_to_the_current_device"],
+        why="an event records on a stream of another device in the fake",
+    ),
+    dict(
+        name="fake-cuda-invalid-device-accepted",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  const cudaError_t err = device < 0 || device >= w.devices ? cudaErrorInvalidDevice\n",
+        replace="  const cudaError_t err = false ? cudaErrorInvalidDevice\n",
+        tests=[FAKE + "::test_an_invalid_device_is_the_runtimes_error"],
+        why="cudaSetDevice of an ordinal that is no device succeeds in the fake",
+    ),
+    dict(
+        name="fake-cuda-batch-in-order",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="    for (size_t i : batch_order(snap_dst->size())) ",
+        replace="    for (size_t i = 0; i < snap_dst->size(); ++i) ",
+        tests=[FAKE + "::test_fake_rule_a_batchs_copies_land_in_no_set_order"],
+        why="a batch's copies land in the submitted order",
+    ),
+    dict(
+        name="fake-cuda-failed-work-leaves-the-capture-valid",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  if (s->capture != nullptr) invalidate(s->capture);\n  return note(api, s, err);",
+        replace="  return note(api, s, err);",
+        tests=[FAKE + "::test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture"],
+        why="a failed copy or launch inside a capture leaves it valid, and the partial graph "
+            "instantiates",
+    ),
+    dict(
+        name="cuda-report-claims-the-capture-info-query",
+        file="csrc/cuda/cuda_engine.cpp",
+        find='"capture_query=cudaStreamIsCapturing (every CUDA release)",',
+        replace='"capture_query=cudaStreamGetCaptureInfo (every CUDA release)",',
+        tests=[FAKE + "::test_environment_report_says_what_the_engine_uses_on_the_device"],
+        why="the report names a query the table does not bind",
     ),
 ]

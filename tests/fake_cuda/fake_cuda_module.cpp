@@ -307,6 +307,10 @@ void set_fault(c10::string_view name, int64_t value) {
     f.compute_major = static_cast<int>(value);
   } else if (name == "large_params_absent") {
     f.large_params_absent = value != 0;
+  } else if (name == "reports_fail_index") {
+    f.reports_fail_index = value != 0;
+  } else if (name == "refuse_device") {
+    f.refuse_device = static_cast<int>(value);
   } else if (name == "pointer_query_unsafe") {
     f.pointer_query_unsafe = value != 0;
   } else if (name.substr(0, 5) == "fail:") {
@@ -349,7 +353,7 @@ std::string batch_copy(const at::Tensor& table, int64_t stream, int64_t order, i
   return fake_cuda::error_name(fake_cuda::fake_table()->memcpy_batch_async(
       reinterpret_cast<void* const*>(rows), reinterpret_cast<const void* const*>(rows + n),
       reinterpret_cast<const size_t*>(rows + 2 * n), static_cast<size_t>(n), attrs.data(), idxs.data(),
-      static_cast<size_t>(num_attrs), as_stream(stream)));
+      static_cast<size_t>(num_attrs), nullptr, as_stream(stream)));
 }
 
 // The large-parameter launch entry, with no pair and no id: the fake's
@@ -533,7 +537,11 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("host_view(Tensor t) -> Tensor", &host_view);
   m.def("create_stream(int device=0, bool blocking=False) -> int", &create_stream);
   m.def("set_stream(int device, int stream) -> ()", &set_stream);
+  m.def("current_stream(int device) -> int", [](int64_t d) {
+    return reinterpret_cast<int64_t>(fake_cuda::current_stream(static_cast<int>(d)));
+  });
   m.def("current_device() -> int", [] { return static_cast<int64_t>(fake_cuda::current_device()); });
+  m.def("set_device(int device) -> ()", [](int64_t d) { fake_cuda::set_device(static_cast<int>(d)); });
   m.def("synchronize(int stream) -> str", &synchronize);
   m.def("begin_capture(int stream, int mode) -> str", &begin_capture);
   m.def("end_capture(int stream) -> (str, int)", &end_capture);

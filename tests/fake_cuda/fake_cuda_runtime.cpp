@@ -18,8 +18,11 @@
 //   ("API synchronization behavior" page of the runtime API docs): a copy
 //   from pageable memory reads its source during the call (staged), a copy
 //   to pageable memory waits for the stream and lands before it returns.
-// * Batch copies: cudaMemcpyBatchAsync rejects the legacy stream ("Must not be
-//   legacy NULL stream", cuda_runtime_api.h:6426) and a capturing stream
+// * Batch copies land in no set order (a permutation per batch; "copies
+//   within a batch are not guaranteed to execute in any specific order",
+//   cuda_runtime_api.h:6371-6378). cudaMemcpyBatchAsync rejects the legacy
+//   stream ("Must not be legacy NULL stream", cuda_runtime_api.h:6426) and a
+//   capturing stream
 //   (cudaErrorStreamCaptureUnsupported, measured in rapidsai/rmm#2518 and
 //   NVIDIA/cuopt#1753: "cudaMemcpyBatchAsync during capture -> 900"; the
 //   capture stays valid, as rmm#2518 measured); attrs/attrsIdxs must satisfy
@@ -54,8 +57,11 @@
 //   (cudaErrorStreamCaptureWrongThread, driver_types.h:1062-1065). Further
 //   work on an invalidated capture answers cudaErrorStreamCaptureInvalidated
 //   and records nothing (driver_types.h:1019-1022), and the capture ends with
-//   that error. Whether cudaPointerGetAttributes is "potentially unsafe" no
-//   public source says: the `pointer_query_unsafe` fault makes it so.
+//   that error. A copy or launch that fails on a capturing stream
+//   invalidates the capture too: no source says whether it does, and the
+//   fake takes the unkind answer. Whether cudaPointerGetAttributes is
+//   "potentially unsafe" no public source says: the `pointer_query_unsafe`
+//   fault makes it so.
 // * Kernel launch: the parameters are copied at launch ("the actual kernel
 //   parameter will be copied", cuda.h:17434-17435); the launch runs the
 //   kernel's own body (csrc/cuda/copy_kernel.h) on the host, every thread
@@ -65,6 +71,18 @@
 //   everywhere, 32,764 with a 12.1+ runtime and driver on sm_70+ (else
 //   cudaErrorNotSupported; copy_kernel.h and param_rule cite the sources).
 //   cudaDeviceGetAttribute answers the compute capability.
+// * Current device (per thread; torch's exchangeDevice is cudaSetDevice,
+//   which refuses an ordinal that is not a device with cudaErrorInvalidDevice,
+//   cuda_runtime_api.h:1648). Events belong to the device current when they
+//   are created, and kernels run on the current device
+//   (cuda_runtime_api.h:1625-1628): a launch on a stream of another device
+//   fails, and cudaEventRecord of an event and a stream of different devices
+//   fails (2804: "event and stream must be on the same CUDA context"), both
+//   with cudaErrorInvalidResourceHandle; the legacy stream is the current
+//   device's. A copy on another device's stream succeeds ("A memory copy will
+//   succeed even if it is issued to a stream that is not associated to the
+//   current device", CUDA Programming Guide, Multi-Device System, Stream and
+//   Event Behavior, which also states the two failures above).
 // * Last error: every failed call sets the calling thread's last error, which
 //   stays until cudaGetLastError reads it (cuda_runtime_api.h:1119-1121);
 //   cudaPeekAtLastError reads without clearing. cudaErrorNotReady counts.
@@ -76,10 +94,13 @@
 // * Faults: the batch entry absent, the batch call answering an error, a
 //   failing descriptor k, a failing cudaMemcpyAsync k, a failing host
 //   registration, runtime and driver versions, the compute capability, the
-//   large-parameter launcher absent, and a stalled device.
+//   large-parameter launcher absent, a stalled device, a device that
+//   cudaSetDevice refuses, and a batch call that reports failIdx (12.8/12.9).
 // The kernel body counts the bytes it copies per word width (host build only).
 #define KVSWAP_COPY_KERNEL_STATS 1
 #include "fake_cuda_runtime.h"
+
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -89,6 +110,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -129,6 +151,7 @@ struct Capture {
 };
 
 struct EventState {
+  int device = 0;  // the device current at creation (cuda_runtime_api.h:1625-1626)
   StreamState* stream = nullptr;
   uint64_t seq = 0;
   bool captured = false;
@@ -154,6 +177,7 @@ struct World {
   Faults faults;
   int64_t memcpy_calls = 0;
   int64_t launch_calls = 0;
+  uint64_t batches_run = 0;  // seeds each batch's order
   cudaError_t sticky = cudaSuccess;
   std::vector<std::string> log;
   std::vector<std::string> violations;
@@ -314,11 +338,22 @@ cudaStream_t f_current_stream(int device) {
   return world().current.at(static_cast<size_t>(device));
 }
 
+// torch's exchangeDevice: cudaSetDevice, raising when it fails (torch's
+// C10_CUDA_CHECK reads the error back with cudaGetLastError, so none is
+// left). cudaSetDevice answers cudaErrorInvalidDevice for an ordinal that is
+// not a device (cuda_runtime_api.h:1648, driver_types.h:533-537); the
+// `refuse_device` fault makes one valid device answer
+// cudaErrorDevicesUnavailable (driver_types.h:431-440).
 int f_exchange_device(int device) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
+  World& w = world();
   const int previous = t_device;
-  if (device >= 0 && device < world().devices) t_device = device;
-  world().log.push_back("exchange_device " + std::to_string(previous) + "->" + std::to_string(device));
+  w.log.push_back("exchange_device " + std::to_string(previous) + "->" + std::to_string(device));
+  const cudaError_t err = device < 0 || device >= w.devices ? cudaErrorInvalidDevice
+                          : device == w.faults.refuse_device ? cudaErrorDevicesUnavailable
+                                                              : cudaSuccess;
+  TORCH_CHECK(err == cudaSuccess, "CUDA error: ", error_name(err), " (fake cudaSetDevice(", device, "))");
+  t_device = device;
   return previous;
 }
 
@@ -345,6 +380,15 @@ cudaError_t f_driver_version(int* v) {
   return cudaSuccess;
 }
 
+// A copy or a launch that fails on a capturing stream invalidates the
+// capture. No source says what CUDA does with the capture then; the fake
+// takes the unkind answer (the partial graph cannot be instantiated), so an
+// engine must not rely on a capture surviving its own failed call.
+cudaError_t failed_work(const char* api, StreamState* s, cudaError_t err) {
+  if (s->capture != nullptr) invalidate(s->capture);
+  return note(api, s, err);
+}
+
 cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   World& w = world();
@@ -352,8 +396,8 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaMemcpyAsync", s, cudaErrorInvalidResourceHandle);
   KVSWAP_FAKE_STICKY("cudaMemcpyAsync", s);
-  KVSWAP_FAKE_INJECT("cudaMemcpyAsync", s);
-  if (call == w.faults.memcpy_fail_at) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
+  if (const cudaError_t e = injected("cudaMemcpyAsync")) return failed_work("cudaMemcpyAsync", s, e);
+  if (call == w.faults.memcpy_fail_at) return failed_work("cudaMemcpyAsync", s, cudaErrorInvalidValue);
   const Span from = classify(src, n);
   const Span to = classify(dst, n);
   bool ok = false;
@@ -370,7 +414,7 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
     default:
       ok = from.where != Where::kInvalid && to.where != Where::kInvalid;
   }
-  if (!ok) return note("cudaMemcpyAsync", s, cudaErrorInvalidValue);
+  if (!ok) return failed_work("cudaMemcpyAsync", s, cudaErrorInvalidValue);
   const bool pageable = from.where == Where::kPageable || to.where == Where::kPageable;
   if (pageable && s->capture != nullptr) {
     invalidate(s->capture);
@@ -391,8 +435,26 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
   return note("cudaMemcpyAsync", s, enqueue(s, [dst, src, n] { std::memcpy(dst, src, n); }));
 }
 
+// The order in which a batch's copies land: "copies within a batch are not
+// guaranteed to execute in any specific order" and dependent copies are
+// undefined behavior (cuda_runtime_api.h:6371-6378). A permutation drawn from
+// a per-reset count (the same on every run), never the submitted order when
+// there are two copies or more, so an engine that relied on the order would
+// copy wrong bytes.
+std::vector<size_t> batch_order(size_t n) {
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::mt19937_64 draw(0x5eed0000u + ++world().batches_run);
+  std::shuffle(order.begin(), order.end(), draw);
+  if (n > 1 && std::is_sorted(order.begin(), order.end())) std::rotate(order.begin(), order.begin() + 1, order.end());
+  return order;
+}
+
+// failIdx: CUDA 12.8/12.9 report the failing copy's index there; CUDA 13
+// has no such output, and the fake leaves it unless `reports_fail_index`.
 cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
-                           cudaMemcpyAttributes* attrs, size_t* idxs, size_t num_attrs, cudaStream_t stream) {
+                           cudaMemcpyAttributes* attrs, size_t* idxs, size_t num_attrs, size_t* fail_idx,
+                           cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   World& w = world();
   StreamState* s = resolve(stream);
@@ -424,6 +486,7 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
     }
   }
   if (w.faults.batch_fail_at >= 0 && count > static_cast<size_t>(w.faults.batch_fail_at)) {
+    if (w.faults.reports_fail_index && fail_idx != nullptr) *fail_idx = static_cast<size_t>(w.faults.batch_fail_at);
     return done(cudaErrorInvalidValue);
   }
   for (size_t i = 0; i < count; ++i) {
@@ -445,7 +508,7 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
         !std::equal(snap_size->begin(), snap_size->end(), sizes))) {
       world().violations.push_back("cudaMemcpyBatchAsync: descriptor arrays changed before the copies ran");
     }
-    for (size_t i = 0; i < snap_dst->size(); ++i) std::memcpy((*snap_dst)[i], (*snap_src)[i], (*snap_size)[i]);
+    for (size_t i : batch_order(snap_dst->size())) std::memcpy((*snap_dst)[i], (*snap_src)[i], (*snap_size)[i]);
   });
   if (scribble && err == cudaSuccess) {
     // The other model of the arrays' lifetime: consumed during the call, the
@@ -484,6 +547,7 @@ cudaError_t f_event_create(cudaEvent_t* event, unsigned int) {
   KVSWAP_FAKE_STICKY("cudaEventCreateWithFlags", nullptr);
   KVSWAP_FAKE_INJECT("cudaEventCreateWithFlags", nullptr);
   world().events.emplace_back();
+  world().events.back().device = t_device;
   *event = reinterpret_cast<cudaEvent_t>(&world().events.back());
   return note("cudaEventCreateWithFlags", nullptr, cudaSuccess);
 }
@@ -495,6 +559,11 @@ cudaError_t f_event_record(cudaEvent_t event, cudaStream_t stream) {
   KVSWAP_FAKE_STICKY("cudaEventRecord", s);
   KVSWAP_FAKE_INJECT("cudaEventRecord", s);
   auto* e = reinterpret_cast<EventState*>(event);
+  // "event and stream must be on the same CUDA context" (cuda_runtime_api.h:2804);
+  // "cudaEventRecord() will fail if the input event and input stream are
+  // associated to different devices" (CUDA Programming Guide, Multi-Device
+  // System, Stream and Event Behavior).
+  if (e->device != s->device) return note("cudaEventRecord", s, cudaErrorInvalidResourceHandle);
   if (s->capture != nullptr) {
     e->captured = true;
     return note("cudaEventRecord", s, cudaSuccess);
@@ -581,11 +650,23 @@ cudaError_t f_host_unregister(void* ptr) {
   return note("cudaHostUnregister", nullptr, cudaSuccess);
 }
 
-// Memory a kernel may touch: device memory of `device` or mapped host memory.
+// Memory a kernel may touch: every byte in device memory of `device` or in
+// mapped host memory; a range may run through adjacent allocations (two
+// registrations that touch map every page between them).
 bool kernel_reachable(const void* p, size_t n, int device) {
-  if (n == 0) return true;
-  const Span s = classify(p, n);
-  return s.where == Where::kPinned || (s.where == Where::kDevice && s.device == device);
+  World& w = world();
+  auto at = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t end = at + n;
+  while (at < end) {
+    auto it = w.allocs.upper_bound(at);
+    if (it == w.allocs.begin()) return false;
+    --it;
+    const Allocation& a = it->second;
+    if (at >= it->first + a.size) return false;  // a pageable byte
+    if (a.kind == Kind::kDevice && a.device != device) return false;
+    at = it->first + a.size;
+  }
+  return true;
 }
 
 // Whether a kernel with `bytes` of parameters may launch on the device of
@@ -610,11 +691,18 @@ cudaError_t launch_kernel(const P* params, unsigned grid_x, unsigned grid_y, cud
   StreamState* s = resolve(stream);
   if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
   KVSWAP_FAKE_STICKY("cudaLaunchKernel", s);
-  KVSWAP_FAKE_INJECT("cudaLaunchKernel", s);
-  if (w.launch_calls++ == w.faults.launch_fail_at) return note("cudaLaunchKernel", s, cudaErrorInvalidValue);
-  if (const cudaError_t err = param_rule(sizeof(P))) return note("cudaLaunchKernel", s, err);
+  if (const cudaError_t e = injected("cudaLaunchKernel")) return failed_work("cudaLaunchKernel", s, e);
+  if (w.launch_calls++ == w.faults.launch_fail_at) return failed_work("cudaLaunchKernel", s, cudaErrorInvalidValue);
+  // Kernels launched from a thread "will be executed on" its current device
+  // (cuda_runtime_api.h:1626-1628); "A kernel launch will fail if it is issued
+  // to a stream that is not associated to the current device" (CUDA
+  // Programming Guide, Multi-Device System, Stream and Event Behavior). A
+  // copy on such a stream succeeds (the same page), so cudaMemcpyAsync has no
+  // such rule.
+  if (s->device != t_device) return failed_work("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
+  if (const cudaError_t err = param_rule(sizeof(P))) return failed_work("cudaLaunchKernel", s, err);
   if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
-    return note("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
+    return failed_work("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
   }
   const LaunchRecord record{grid_x, grid_y, params->n, params->slices, params->num_pairs,
                             params->src_ids == nullptr, params->dst_ids == nullptr, static_cast<int>(sizeof(P))};
@@ -697,7 +785,7 @@ cudaError_t n_version(int* v) {
 }
 cudaError_t n_memcpy(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) { return cudaSuccess; }
 cudaError_t n_batch(void* const*, const void* const*, const size_t*, size_t, cudaMemcpyAttributes*, size_t*,
-                    size_t, cudaStream_t) {
+                    size_t, size_t*, cudaStream_t) {
   return cudaSuccess;
 }
 cudaError_t n_capturing(cudaStream_t, cudaStreamCaptureStatus* status) {
@@ -814,6 +902,7 @@ void reset(int devices) {
   w.faults = Faults{};
   w.memcpy_calls = 0;
   w.launch_calls = 0;
+  w.batches_run = 0;
   w.sticky = cudaSuccess;
   w.log.clear();
   w.violations.clear();
@@ -870,6 +959,8 @@ void set_current_stream(int device, cudaStream_t stream) {
 cudaStream_t current_stream(int device) { return f_current_stream(device); }
 
 int current_device() { return t_device; }
+
+void set_device(int device) { (void)f_exchange_device(device); }
 
 uint64_t stream_position(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
@@ -995,6 +1086,7 @@ const char* error_name(cudaError_t err) {
     KVSWAP_FAKE_NAME(cudaErrorStreamCaptureWrongThread)
     KVSWAP_FAKE_NAME(cudaErrorMemoryAllocation)
     KVSWAP_FAKE_NAME(cudaErrorInvalidDevice)
+    KVSWAP_FAKE_NAME(cudaErrorDevicesUnavailable)
 #undef KVSWAP_FAKE_NAME
     default:
       return "cudaErrorUnknown(fake)";

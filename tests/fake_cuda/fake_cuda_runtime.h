@@ -38,6 +38,7 @@ cudaStream_t stream_create(int device, bool blocking);
 void set_current_stream(int device, cudaStream_t stream);
 cudaStream_t current_stream(int device);
 int current_device();
+void set_device(int device);  // torch's exchangeDevice: raises for a device cudaSetDevice refuses
 // Work queued on a stream so far, and whether the stream has run it (for the
 // fake pinned host allocator: a block is reused once its streams ran past).
 uint64_t stream_position(cudaStream_t stream);
@@ -72,6 +73,8 @@ struct Faults {
   bool large_params_absent = false;            // the table has no large-parameter launcher
   bool pointer_query_unsafe = false;           // cudaPointerGetAttributes is "potentially unsafe"
                                                // under capture (illegal in global mode)
+  bool reports_fail_index = false;             // the batch call sets failIdx (CUDA 12.8/12.9)
+  int refuse_device = -1;                      // cudaSetDevice of this device fails
   std::map<std::string, cudaError_t> fail;     // runtime function name -> error it answers
 };
 Faults& faults();
