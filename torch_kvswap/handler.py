@@ -624,12 +624,14 @@ class KVCacheOffloader:
         return True
 
     def _track_stored(self, job: _Job) -> None:
-        """strict: a load may read only host rows that a store was submitted
-        for; a store marks its rows (and a failed one unmarks them, _report)."""
+        """strict: a store marks the host rows it writes (a failed one unmarks
+        them, _report); a load may read only marked rows."""
+        if job.is_store:
+            for c in job.copies:
+                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = True
+            return
         for c in job.copies:
-            rows = (c.dst_ids if job.is_store else c.src_ids).numpy()
-            if job.is_store:
-                continue
+            rows = c.src_ids.numpy()
             stored = self._stored[np.ix_(c.tensors, rows)]
             if not stored.all():
                 t, j = (int(x[0]) for x in np.nonzero(~stored))
@@ -639,9 +641,6 @@ class KVCacheOffloader:
                     f"{row % self.factor}) of cache {self.cache_names[c.tensors[t]]}, which no store "
                     "has written; strict=True refuses loads of never-stored host blocks (nothing "
                     "was copied)")
-        if job.is_store:
-            for c in job.copies:
-                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = True
 
     def _copy(self, job: _Job) -> None:
         src, dst = (self.device_tensors, self.host_tensors) if job.is_store else \
