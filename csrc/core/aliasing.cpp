@@ -8,7 +8,7 @@
 // Cost: the pairs' extents (first byte of block 0 to the last byte of the
 // last block) are sorted and swept, which is all a call whose caches are
 // disjoint pays; and a thread that calls again with the same layouts (an
-// offloader's lane, a copy backend) only compares them with the last ones
+// offloader's lane, a copy backend) only compares them with the last two
 // found disjoint (docs/performance.md, "Aliasing check"). Only caches whose
 // extents overlap, and whose blocks are not interleaved on a common stride
 // (K and V views of one [num_blocks, 2, ...] allocation), have their copied
@@ -127,14 +127,21 @@ struct Suspects {
   std::pair<Extent, Extent> first{};
 };
 
-// The last layouts this thread found free of suspects. The verdict depends
-// on the layouts alone, so the same layouts need no second look.
+// The last two layouts this thread found free of suspects. The verdict
+// depends on the layouts alone, so the same layouts need no second look.
 static_assert(sizeof(PairLayout) == 7 * sizeof(int64_t), "PairLayout is compared bytewise");
-thread_local std::vector<PairLayout> t_last_clean;
+// Two entries: a thread that alternates stores and loads (an offloader on an
+// accelerator launches both from the caller's thread) passes two layouts,
+// the same caches with source and destination swapped.
+thread_local std::vector<PairLayout> t_clean[2];
+thread_local int t_clean_next = 0;
+
+bool same_layouts(const std::vector<PairLayout>& a, const std::vector<PairLayout>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(PairLayout)) == 0;
+}
 
 bool known_clean(const std::vector<PairLayout>& pairs) {
-  return pairs.size() == t_last_clean.size() &&
-         std::memcmp(pairs.data(), t_last_clean.data(), pairs.size() * sizeof(PairLayout)) == 0;
+  return same_layouts(pairs, t_clean[0]) || same_layouts(pairs, t_clean[1]);
 }
 
 Suspects aliasing_suspects(const std::vector<PairLayout>& pairs) {
@@ -169,7 +176,8 @@ Suspects aliasing_suspects(const std::vector<PairLayout>& pairs) {
     }
   }
   if (out.sides.empty()) {
-    t_last_clean = pairs;
+    t_clean[t_clean_next] = pairs;
+    t_clean_next ^= 1;
     return out;
   }
   std::sort(out.sides.begin(), out.sides.end());
