@@ -12,6 +12,7 @@ from npu_cases import fake  # noqa: F401 - the fixture
 INVALID_PARAM, ADDR_UNALIGNED = 100000, 107008
 HOST, DEVICE = 0, 1
 H2D_ATTR = (DEVICE, 0, HOST, 0, 0)  # (dst type, dst id, src type, src id, rsv byte)
+MEMCPY_HOST_TO_DEVICE = 1  # aclrtMemcpyKind ACL_MEMCPY_HOST_TO_DEVICE [hdr acl_rt.h]
 
 
 @pytest.fixture
@@ -92,3 +93,24 @@ def test_memcpy_checks(fake, mem):
     pageable = torch.zeros(256, dtype=torch.uint8)
     assert fake.raw_memcpy(dev.data_ptr(), 256, pageable.data_ptr(), 256, 2) == RT_PARAM_INVALID  # kind vs pageable
     assert fake.pending(0, 0) == 0
+
+
+def test_an_event_destroyed_before_its_record_ran_is_freed_when_it_runs(fake):
+    """aclrtDestroyEvent may be called before the event completes; its
+    resources go when it does (CANN 8.0 aclcppdevg_03_0082). torch's
+    Stream.wait_stream destroys its temporary event at once, while the
+    record is still queued behind the waited stream's work."""
+    busy, waiting = torch.Stream("npu:0"), torch.Stream("npu:0")
+    host, dev = host_blocks(1, 256, 3), device_blocks(1, 256, 4)
+    before = fake.live_events()
+    prev = torch.accelerator.current_stream()
+    torch.accelerator.set_stream(busy)
+    try:
+        assert fake.raw_memcpy(dev.data_ptr(), 256, host.data_ptr(), 256, MEMCPY_HOST_TO_DEVICE) == 0
+    finally:
+        torch.accelerator.set_stream(prev)
+    waiting.wait_stream(busy)  # its record is queued behind the copy
+    assert fake.live_events() == before + 1
+    busy.synchronize()  # the record runs and frees the destroyed event
+    assert fake.live_events() == before
+    assert torch.equal(dev.cpu(), host)

@@ -175,7 +175,11 @@ size_t Runtime::pending(int device, int64_t id) { return stream(device, id)->que
 Event* Runtime::record_event(Event* e, Stream* s) {
   e->stream = s;
   e->recorded = true;
-  e->seq = enqueue(s, [e] { e->time_ms = now_ms(); });
+  ++e->queued_records;
+  e->seq = enqueue(s, [e] {
+    e->time_ms = now_ms();
+    if (--e->queued_records == 0 && e->destroyed) delete e;
+  });
   return e;
 }
 

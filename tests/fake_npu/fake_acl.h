@@ -22,6 +22,7 @@
 //     error at entry i of a batch, a registration that does nothing.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -83,6 +84,13 @@ struct Event {
   uint64_t seq = 0;
   bool recorded = false;
   double time_ms = 0;
+  int queued_records = 0;  // record tasks not yet run
+  bool destroyed = false;  // destroyed while a record was queued: freed by the last one
+  static inline std::atomic<int64_t> live{0};  // events not yet freed (tests)
+  Event() { ++live; }
+  ~Event() { --live; }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
 };
 
 // The last aclrtMemcpyBatchAsync call that reached the fake (for tests).

@@ -100,8 +100,19 @@ struct FakeGuardImpl final : c10::impl::DeviceGuardImplInterface {
     return stream_of(s);
   }
   c10::DeviceIndex deviceCount() const noexcept override { return kDevices; }
+  // An event may be destroyed before its record has run; its resources go
+  // when it completes [doc aclcppdevg_03_0082, aclrtDestroyEvent, CANN 8.0:
+  // "支持在Event未完成前调用本接口销毁Event ... Event相关资源会在Event完成时被自动释放"].
+  // torch's Stream.wait_stream does exactly that with its temporary event.
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    delete static_cast<Event*>(event);
+    std::lock_guard<std::recursive_mutex> lock(rt().mutex);
+    auto* e = static_cast<Event*>(event);
+    if (e == nullptr) return;
+    if (e->queued_records > 0) {
+      e->destroyed = true;  // the last queued record frees it (a reset() drops it: a test-only leak)
+    } else {
+      delete e;
+    }
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex,
               const c10::EventFlag) const override {
@@ -512,6 +523,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("replay", [](int graph, int d, int64_t s) { rt().replay(graph, stream_at(d, s)); });
   m.def("graph_size", [](int graph) { return rt().graph_size(graph); });
   m.def("pending", [](int d, int64_t s) { return rt().pending(d, s); });
+  m.def("live_events", [] { return Event::live.load(); }, "events created and not yet freed");
   m.def("kind", [](int64_t ptr) { return rt().kind_name(reinterpret_cast<const void*>(ptr)); });
   m.def("last_batch", [] {
     const BatchCall& b = rt().last_batch;
