@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -43,6 +44,59 @@ inline DescriptorArrays descriptor_arrays(const CopyBatch& b) {
           reinterpret_cast<void**>(const_cast<int64_t*>(b.src)),
           reinterpret_cast<size_t*>(const_cast<int64_t*>(b.size))};
 }
+
+// The bytes a non-empty tensor's elements span, [first, end): from its first
+// element to the end of its last (torch's strides are never negative).
+inline std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
+  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
+  int64_t last = 0;  // the last element's offset, in elements
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};
+}
+
+// How an engine's own registrations meet a range of host bytes.
+enum class Coverage {
+  kNone,     // not at all: memory pinned by someone else, or pageable
+  kPartial,  // some bytes inside, some not (a registered prefix, a gap)
+  kFull,     // every byte, through one registration or several adjacent ones
+};
+
+// The host ranges an engine pinned in place (its runtime's HostRegister),
+// so that "pinned" can mean every byte: the runtimes' pointer queries answer
+// for one address and say nothing of how far a registration reaches.
+class RegisteredRanges {
+ public:
+  void add(uintptr_t start, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_[start] = start + bytes;
+  }
+  void erase(uintptr_t start) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranges_.erase(start);
+  }
+  // How the ranges meet [lo, hi). When covered, `starts` receives where each
+  // covering range begins within [lo, hi), for the runtime's second opinion.
+  Coverage coverage(uintptr_t lo, uintptr_t hi, std::vector<uintptr_t>& starts) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ranges_.upper_bound(lo);
+    if (it != ranges_.begin() && std::prev(it)->second > lo) --it;
+    bool any = false;
+    uintptr_t covered = lo;  // every byte of [lo, covered) is registered
+    for (; it != ranges_.end() && it->first < hi; ++it) {
+      if (it->second <= lo) continue;
+      any = true;
+      if (it->first > covered) return Coverage::kPartial;  // a gap before this one
+      starts.push_back(std::max(it->first, lo));
+      covered = std::max(covered, it->second);
+      if (covered >= hi) return Coverage::kFull;
+    }
+    return any ? Coverage::kPartial : Coverage::kNone;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uintptr_t, uintptr_t> ranges_;  // start -> end
+};
 
 // Per-descriptor attributes of a batch call: one attrs entry and one index
 // per descriptor (attrs[i] applies from indexes[i]). Valid, but not needed:

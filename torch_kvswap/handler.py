@@ -64,7 +64,9 @@ __all__ = ["KVCacheOffloader", "TransferResult", "HostBlocks", "DeviceBlocks"]
 
 BlockIds = Union[Sequence[int], np.ndarray, torch.Tensor]
 _PAGE = 4096  # host mirrors start on page boundaries and never share a page
-# Host buffers whose unregistration failed at shutdown (see shutdown()).
+# Host buffers the runtime may still count as registered, kept for the life of
+# the process: an unregistration failed at shutdown, or a registration that
+# could not be confirmed could not be undone either (_allocate_mirrors).
 _STILL_REGISTERED: list[torch.Tensor] = []
 _LANES = ("store", "load", "expedited")
 # Offloaders not yet shut down. At interpreter exit each is shut down: its
@@ -433,6 +435,10 @@ class KVCacheOffloader:
             except (NotImplementedError, RuntimeError) as exc:
                 logger.warning("kvswap: cannot pin %d host bytes in place (%s); using the pinned "
                                "allocator, which rounds up to a power of two", total, exc)
+                if "may still be registered" in str(exc):
+                    # The engine could not undo a registration: freeing the
+                    # memory would hand registered pages back to the allocator.
+                    _STILL_REGISTERED.append(allocation)
                 allocation = torch.empty(total + _PAGE, dtype=torch.uint8, pin_memory=True)
                 start = -allocation.data_ptr() % _PAGE
                 buffer = allocation[start:start + total]

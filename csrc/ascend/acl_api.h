@@ -24,6 +24,9 @@ using AclStream = void*;  // aclrtStream
 constexpr AclError kAclSuccess = 0;
 // ACL_ERROR_RT_FEATURE_NOT_SUPPORT (acl/error_codes/rt_error_codes.h:69).
 constexpr AclError kAclFeatureNotSupported = 207000;
+// RT_ERROR_HOST_MEMORY_NOT_REGISTERED as ACL answers it (src/runtime/api/impl/
+// errcode_manage.cc:555-556): aclrtHostUnregister of memory not registered.
+constexpr AclError kAclHostMemoryNotRegistered = 507911;
 
 // aclrtMemcpyKind (acl/acl_rt.h:144), the members the engine uses.
 enum class MemcpyKind : int32_t {

@@ -156,12 +156,27 @@ Capture Engine::capture_state(AclStream stream) {
 BatchState Engine::batch_state(AclStream stream) {
   std::lock_guard<std::mutex> lock(batch_mutex_);
   auto it = batch_states_.find(stream);
-  return it == batch_states_.end() ? BatchState::kUntried : it->second;
+  return it == batch_states_.end() ? BatchState::kUntried : it->second.state;
 }
 
 void Engine::set_batch_state(AclStream stream, BatchState state) {
   std::lock_guard<std::mutex> lock(batch_mutex_);
-  batch_states_[stream] = state;
+  StreamBatches& s = batch_states_[stream];
+  s.state = state;
+  if (state == BatchState::kRefused) {
+    const uint64_t shift = std::min<uint64_t>(s.refusals, 10);
+    s.until_probe = std::min(kFirstReprobe << shift, kLastReprobe);
+    ++s.refusals;
+  }
+}
+
+bool Engine::batch_allowed(AclStream stream) {
+  std::lock_guard<std::mutex> lock(batch_mutex_);
+  auto it = batch_states_.find(stream);
+  if (it == batch_states_.end() || it->second.state != BatchState::kRefused) return true;
+  if (--it->second.until_probe > 0) return false;
+  it->second.state = BatchState::kUntried;  // due: probe with one entry again
+  return true;
 }
 
 // The latch is per stream: CANN refuses the batch API for a whole chip
@@ -176,8 +191,9 @@ void Engine::refuse_batches(AclStream stream, c10::DeviceIndex index) {
     TORCH_WARN("kvswap Ascend engine: aclrtMemcpyBatchAsync answered 207000 "
                "(ACL_ERROR_RT_FEATURE_NOT_SUPPORT) on npu:", static_cast<int>(index),
                "; copies on that stream take the per-descriptor path (one aclrtMemcpyAsync each) "
-               "from now on, as do those of any other stream of this device that is refused "
-               "(logged once per device)");
+               "from now on, as do those of any other stream of this device that is refused; "
+               "the stream is asked again after ", kFirstReprobe, " calls, then twice as many "
+               "each time it refuses (logged once per device)");
   }
 }
 
@@ -196,7 +212,7 @@ void Engine::submit(const CopyBatch& b, c10::Device device) {
               "outside the capture; ", left_behind(0, 0));
   int64_t queued = 0;
   if (b.direction != Direction::kDeviceToDevice && capture == Capture::kNone &&
-      api_.memcpy_batch_async != nullptr && batch_state(stream) != BatchState::kRefused) {
+      api_.memcpy_batch_async != nullptr && batch_allowed(stream)) {
     queued = copy_batched(b, stream, device.index());
   }
   copy_each(b, queued, stream);
@@ -286,7 +302,6 @@ void Engine::host_register(const at::Tensor& buffer, c10::Device device, bool pi
     const AclError err = api_.host_unregister(ptr);
     TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtHostUnregister of 0x", std::hex,
                 start, std::dec, " failed: ", acl_message(err));
-    std::lock_guard<std::mutex> lock(registered_mutex_);
     registered_.erase(start);
     return;
   }
@@ -317,11 +332,15 @@ void Engine::host_register(const at::Tensor& buffer, c10::Device device, bool pi
         " were registered with aclrtHostRegisterV2(ACL_HOST_REG_PINNED), but aclrtPointerGetAttributes "
         "does not report the whole range as registered host memory; ",
         undo == kAclSuccess ? std::string("the registration was undone")
-                            : "undoing the registration failed too: " + acl_message(undo),
+        : undo == kAclHostMemoryNotRegistered
+            ? "undoing it answered that nothing is registered (" + acl_message(undo) + ")"
+            // The caller must keep the memory: freed, the allocator would
+            // hand out pages CANN still counts as registered.
+            : "undoing the registration failed too (" + acl_message(undo) +
+                  "): the range may still be registered with CANN, so its memory must not be freed",
         "; allocate the buffer with pin_memory=True instead");
   }
-  std::lock_guard<std::mutex> lock(registered_mutex_);
-  registered_[start] = bytes;
+  registered_.add(start, bytes);
 }
 
 // CANN reports registered host memory as ACL_MEM_LOCATION_TYPE_HOST and
@@ -343,35 +362,43 @@ bool Engine::registered_host(void* ptr, uint64_t bytes) {
   return true;
 }
 
+// Pinned means every byte. CANN judges a copy's location by its start
+// address (src/runtime/api/impl/api_impl.cc:8799, :8814), so a tensor with a
+// pageable page inside would be copied as if pinned. Its bytes are judged
+// against this engine's own registrations first:
+//   every byte inside them (one, or adjacent ones): pinned if the runtime
+//     agrees at the start of each (a second opinion);
+//   some bytes inside, some not (a registered prefix, a gap): not pinned;
+//   none: the pinned allocator's memory, whose hooks answer (torch_npu asks
+//     aclrtPointerGetAttributes) once the backend is initialized. A tensor
+//     lies within one storage, and a storage of that allocator within one
+//     block, so pinned first and last bytes mean a pinned range. Memory
+//     registered by someone else is judged the same way; docs/ascend.md says
+//     what that cannot see.
 bool Engine::host_pinned(const at::Tensor& buffer, c10::Device device) {
-  // The bytes the tensor spans (a view may lie in a larger allocation, e.g.
-  // a page-aligned mirror carved out of one).
-  uint64_t extent = 1;
-  for (int64_t d = 0; d < buffer.dim(); ++d) {
-    extent += static_cast<uint64_t>(buffer.size(d) - 1) * static_cast<uint64_t>(buffer.stride(d));
+  const auto [lo, hi] = byte_range(buffer);
+  std::vector<uintptr_t> starts;
+  switch (registered_.coverage(lo, hi, starts)) {
+    case Coverage::kPartial:
+      return false;
+    case Coverage::kFull:
+      return std::all_of(starts.begin(), starts.end(), [this](uintptr_t start) {
+        return registered_host(reinterpret_cast<void*>(start), 1);
+      });
+    case Coverage::kNone:
+      break;
   }
-  const auto start = reinterpret_cast<uintptr_t>(buffer.data_ptr());
-  const uint64_t last = start + extent * static_cast<uint64_t>(buffer.element_size()) - 1;
-  {
-    std::lock_guard<std::mutex> lock(registered_mutex_);
-    auto it = registered_.upper_bound(start);
-    if (it != registered_.begin()) {
-      --it;
-      if (last < it->first + it->second) return true;  // wholly inside a range pinned in place by us
-    }
-  }
-  // The pinned allocator's blocks: torch_npu answers through its hooks
-  // (aclrtPointerGetAttributes), once the backend is initialized. Both ends:
-  // a tensor lies within one storage, and a storage of that allocator within
-  // one block, so pinned first and last bytes mean a pinned range.
   at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
-  return at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(start),
+  return at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(lo),
                                          c10::DeviceType::PrivateUse1) &&
-         at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(last),
+         at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(hi - 1),
                                          c10::DeviceType::PrivateUse1);
 }
 
 std::vector<std::string> Engine::report(c10::Device device) {
+  // As in submit: the stream is looked up with its device current (torch_npu
+  // drains that device's task queue to hand out the handle).
+  c10::DeviceGuard guard(device);
   const bool batch = api_.memcpy_batch_async != nullptr;
   const bool refused = batch && batch_state(current_stream(device)) == BatchState::kRefused;
   return {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine_common.h"
 #include "../kvswap.h"
 #include "acl_api.h"
 
@@ -53,8 +54,16 @@ enum class Capture {
 enum class BatchState {
   kUntried,   // not asked yet, or its last answer was an ambiguous 207000
   kAccepted,  // took a batch
-  kRefused,   // refused a one-entry batch with 207000: per-descriptor from now on
+  kRefused,   // refused a one-entry batch with 207000: per-descriptor until the next probe
 };
+
+// A refused stream is asked again (one entry) after kFirstReprobe calls,
+// then after twice as many each time it refuses again, up to kLastReprobe:
+// the refusal may have been the probed entry's memory (IPC or shared memory),
+// not the stream. A stream that always refuses costs one refused one-entry
+// call per kLastReprobe calls at worst.
+constexpr uint64_t kFirstReprobe = 64;
+constexpr uint64_t kLastReprobe = uint64_t{1} << 16;
 
 class Engine {
  public:
@@ -79,12 +88,16 @@ class Engine {
   AclStream current_stream(c10::Device device) const;
   // Queues b's descriptors from 0 in batches; returns how many were queued:
   // b.count, or 0 when `stream` refused its first (one-entry) batch with
-  // 207000, which latches the per-descriptor path for that stream.
+  // 207000, which latches the per-descriptor path for that stream until its
+  // next probe (kFirstReprobe).
   int64_t copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIndex index);
   void copy_each(const CopyBatch& b, int64_t first, AclStream stream);
   std::string acl_message(AclError err) const;
   BatchState batch_state(AclStream stream);
   void set_batch_state(AclStream stream, BatchState state);
+  // Whether this call on `stream` may try the batch API: not refused, or
+  // refused and due for its next probe (which makes it kUntried).
+  bool batch_allowed(AclStream stream);
   void refuse_batches(AclStream stream, c10::DeviceIndex index);
   // Whether aclrtPointerGetAttributes calls [ptr, ptr + bytes) registered
   // host memory (true when this CANN lacks the query).
@@ -93,12 +106,19 @@ class Engine {
   static constexpr int kMaxDevices = 64;
   const AclApi& api_;
   std::mutex batch_mutex_;
-  std::map<AclStream, BatchState> batch_states_;
+  struct StreamBatches {
+    BatchState state = BatchState::kUntried;
+    uint64_t refusals = 0;     // one-entry probes refused so far
+    uint64_t until_probe = 0;  // kRefused: calls left before the next probe
+  };
+  // Keyed by ACL stream handle. torch_npu's streams come from fixed pools
+  // that are never destroyed, so a handle names one stream for the life of
+  // the process (docs/ascend.md: a stream created and destroyed elsewhere).
+  std::map<AclStream, StreamBatches> batch_states_;
   std::array<std::atomic<bool>, kMaxDevices> warned_refused_{};
   std::atomic<bool> warned_capture_unknown_{false};
   std::atomic<bool> warned_unregistered_pin_{false};
-  std::mutex registered_mutex_;
-  std::map<uintptr_t, uint64_t> registered_;  // ranges pinned in place: start -> bytes
+  RegisteredRanges registered_;  // ranges pinned in place by host_register
 };
 
 // The engine the kernels call. Defined by the binding: acl_real.cpp in

@@ -571,47 +571,9 @@ namespace {
 // and cudaHostUnregister takes the base address given to it
 // (cuda_runtime_api.h:4992), so entries are keyed by start and disjoint;
 // adjacent ones may touch.
-struct Registrations {
-  std::mutex mu;
-  std::map<uintptr_t, uintptr_t> ranges;  // start -> end
-};
-
-Registrations& registrations() {
-  static Registrations* r = new Registrations();  // process lifetime: deleters may run late
+RegisteredRanges& registrations() {
+  static auto* r = new RegisteredRanges();  // process lifetime: deleters may run late
   return *r;
-}
-
-// The bytes a non-empty host tensor's elements span, from its first element
-// to the end of its last (torch's strides are never negative).
-std::pair<uintptr_t, uintptr_t> byte_range(const at::Tensor& t) {
-  const auto first = reinterpret_cast<uintptr_t>(t.const_data_ptr());
-  int64_t last = 0;  // the last element's offset, in elements
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};
-}
-
-// How this engine's registrations meet [lo, hi): not at all, partly, or
-// every byte, through one registration or several adjacent ones. `starts`
-// receives, when covered, where each covering registration begins within
-// the range (for the runtime's second opinion).
-enum class Coverage { kNone, kPartial, kFull };
-
-Coverage registered_coverage(uintptr_t lo, uintptr_t hi, std::vector<uintptr_t>& starts) {
-  Registrations& r = registrations();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.ranges.upper_bound(lo);
-  if (it != r.ranges.begin() && std::prev(it)->second > lo) --it;
-  bool any = false;
-  uintptr_t covered = lo;  // every byte of [lo, covered) is registered
-  for (; it != r.ranges.end() && it->first < hi; ++it) {
-    if (it->second <= lo) continue;
-    any = true;
-    if (it->first > covered) return Coverage::kPartial;  // a gap before this one
-    starts.push_back(std::max(it->first, lo));
-    covered = std::max(covered, it->second);
-    if (covered >= hi) return Coverage::kFull;
-  }
-  return any ? Coverage::kPartial : Coverage::kNone;
 }
 
 // The runtime's answer for `p`: page-locked and mapped at the same address
@@ -685,7 +647,7 @@ bool host_mapped_cuda(at::TensorList tensors, c10::Device device) {
     if (!t.device().is_cpu() || t.numel() == 0) continue;
     const auto [lo, hi] = byte_range(t);
     std::vector<uintptr_t> starts;
-    switch (registered_coverage(lo, hi, starts)) {
+    switch (registrations().coverage(lo, hi, starts)) {
       case Coverage::kPartial:
         return false;
       case Coverage::kFull:
@@ -705,17 +667,14 @@ void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin) 
   DeviceScope scope(checked_index(device));
   void* ptr = buffer.data_ptr();
   const auto start = reinterpret_cast<uintptr_t>(ptr);
-  Registrations& r = registrations();
   if (pin) {
     // Mapped, so the kernel path can address it; portable, for every device.
     KVSWAP_CUDA_CHECK(api().host_register(ptr, buffer.nbytes(), cudaHostRegisterMapped | cudaHostRegisterPortable),
                       "pinning ", buffer.nbytes(), " host bytes");
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.ranges[start] = start + buffer.nbytes();
+    registrations().add(start, buffer.nbytes());
   } else {
     KVSWAP_CUDA_CHECK(api().host_unregister(ptr));
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.ranges.erase(start);
+    registrations().erase(start);
   }
 }
 

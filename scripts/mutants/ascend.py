@@ -19,8 +19,8 @@ MUTANTS = [
     dict(
         name="ascend-batch-api-assumed-present",
         file="csrc/ascend/ascend_engine.cpp",
-        find="api_.memcpy_batch_async != nullptr && batch_state(stream) != BatchState::kRefused",
-        replace="batch_state(stream) != BatchState::kRefused",
+        find="api_.memcpy_batch_async != nullptr && batch_allowed(stream)",
+        replace="batch_allowed(stream)",
         tests=FAKE,
         why="finding 1: a CANN without aclrtMemcpyBatchAsync loses every copy "
             "(test_1_engine_copies_without_the_batch_api)",
@@ -148,10 +148,13 @@ MUTANTS = [
     dict(
         name="ascend-207000-latch-device-wide",
         file=ENGINE,
-        find="  auto it = batch_states_.find(stream);\n",
-        replace="  auto it = batch_states_.empty() ? batch_states_.end() : batch_states_.begin();\n",
-        tests=cann("test_a_refusal_for_one_stream_latches_only_that_stream"),
-        why="a refusal for one stream (api_error.cc:7382-7384) must not latch the others",
+        find="  auto it = batch_states_.find(stream);\n  if (it == batch_states_.end() || it->second.state",
+        replace="  auto it = batch_states_.empty() ? batch_states_.end() : batch_states_.begin();\n"
+                "  if (it == batch_states_.end() || it->second.state",
+        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+               "test_2_batch_207000_latches_the_per_descriptor_path_once_per_device]",
+               *cann("test_a_refused_first_batch_latches_and_copies_per_descriptor")],
+        why="a refusal for one stream must not latch the others",
     ),
     dict(
         name="ascend-207000-reissued-from-descriptor-0",
@@ -230,8 +233,8 @@ MUTANTS = [
     dict(
         name="ascend-pinned-tensor-checked-at-its-start-only",
         file=ENGINE,
-        find="isPinnedPtr(reinterpret_cast<const void*>(last),",
-        replace="isPinnedPtr(reinterpret_cast<const void*>(start),",
+        find="isPinnedPtr(reinterpret_cast<const void*>(hi - 1),",
+        replace="isPinnedPtr(reinterpret_cast<const void*>(lo),",
         tests=cann("test_a_host_tensor_is_pinned_only_if_its_whole_range_is"),
         why="a tensor straddling the end of a pinned range was accepted",
     ),
@@ -287,7 +290,7 @@ MUTANTS = [
     dict(
         name="fake-acl-no-per-stream-refusal",
         file=FAKE_ACL,
-        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {\n",
+        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s)) {\n",
         replace="  if (false) {\n",
         tests=cann("test_refusals_for_a_device_and_for_one_stream"),
         why="api_error.cc:7382-7384 refuses one stream with 207000",
@@ -295,8 +298,8 @@ MUTANTS = [
     dict(
         name="fake-acl-sub-graph-stream-takes-copies",
         file=FAKE_ACL,
-        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && real != MemcpyKind::kDeviceToDevice) {\n",
-        replace="  if (false) {\n",
+        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s) &&\n",
+        replace="  if (false &&\n",
         tests=cann("test_refusals_for_a_device_and_for_one_stream"),
         why="api_error.cc:2253-2255 refuses host<->device aclrtMemcpyAsync on a stream in a sub-graph capture",
     ),
@@ -393,5 +396,95 @@ MUTANTS = [
         why="aclrtDestroyEvent before the event completes frees it when it completes "
             "(CANN 8.0 aclcppdevg_03_0082); freeing it at once made Stream.wait_stream's "
             "queued record write freed memory, a crash on some machines",
+    ),
+    dict(
+        name="ascend-partly-registered-tensor-asks-the-ends",
+        file=ENGINE,
+        find="    case Coverage::kPartial:\n      return false;\n",
+        replace="    case Coverage::kPartial:\n      break;\n",
+        tests=cann("test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are"),
+        why="issue 25: a pageable gap between two registrations was accepted, since the "
+            "runtime answers HOST at both ends; CANN judges a copy by its start address "
+            "(api_impl.cc:8799, :8814)",
+    ),
+    dict(
+        name="ascend-registered-tensor-without-the-runtimes-opinion",
+        file=ENGINE,
+        find="        return registered_host(reinterpret_cast<void*>(start), 1);\n",
+        replace="        return start != 0;\n",
+        tests=cann("test_a_registration_the_runtime_no_longer_reports_is_not_pinned"),
+        why="the engine's table alone would call memory pinned that the runtime does not",
+    ),
+    dict(
+        name="ascend-undo-failure-reads-as-nothing-registered",
+        file=ENGINE,
+        find="        : undo == kAclHostMemoryNotRegistered\n",
+        replace="        : true\n",
+        tests=cann("test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed"),
+        why="issue 25: a registration neither confirmed nor undone was reported like one that "
+            "registered nothing, and the offloader freed memory CANN still had registered",
+    ),
+    dict(
+        name="ascend-submit-without-device-guard",
+        file=ENGINE,
+        find="              \"kvswap Ascend engine asked to copy on \", device);\n  c10::DeviceGuard guard(device);\n",
+        replace="              \"kvswap Ascend engine asked to copy on \", device);\n",
+        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_paths-"
+               "test_batch_path_names_the_device_of_the_copy]"],
+        why="issue 25 (a revert that survived): without the guard, a copy for npu:1 runs with "
+            "npu:0 current, and CANN refuses npu:1's stream there (107003, api_impl.cc:2882-2883)",
+    ),
+    dict(
+        name="fake-acl-stream-of-another-context-accepted",
+        file=FAKE_ACL,
+        find="  if (s->device == current) return 0;\n",
+        replace="  if (true) return 0;\n",
+        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
+               "test_a_copy_on_a_stream_of_another_device_is_refused]"],
+        why="ACL_ERROR_RT_STREAM_CONTEXT (rt_error_codes.h:24): a stream of another context is "
+            "refused (api_impl.cc:2882-2883, api_impl_david.cc:818-820, :924-925)",
+    ),
+    dict(
+        name="ascend-refused-stream-never-probed-again",
+        file=ENGINE,
+        find="  if (--it->second.until_probe > 0) return false;\n",
+        replace="  return false;\n",
+        tests=cann("test_a_refused_stream_is_probed_again_with_backoff"),
+        why="issue 25: a refused one-entry probe latched the stream for good, though the "
+            "refusal may have been the entry's memory",
+    ),
+    dict(
+        name="ascend-reprobe-without-backoff",
+        file=ENGINE,
+        find="    const uint64_t shift = std::min<uint64_t>(s.refusals, 10);\n",
+        replace="    const uint64_t shift = 0;\n",
+        tests=cann("test_a_stream_that_keeps_refusing_is_probed_ever_less_often"),
+        why="a stream that always refuses must cost ever fewer refused probes",
+    ),
+    dict(
+        name="fake-acl-clobbers-the-arrays-of-a-failed-batch",
+        file=FAKE_ACL,
+        find="  if (err != 0) return err;\n  for (size_t i = 0; i < n; ++i) {\n",
+        replace="  for (size_t i = 0; i < n; ++i) {\n",
+        tests=cann("test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_parts"),
+        why="CANN reads or copies the arrays and never writes them (api_impl.cc:8887-8939, "
+            "api_impl_david.cc:860-862); clobbered on failure, error texts printed 0xdead0000",
+    ),
+    dict(
+        name="fake-acl-jetty-limit-on-every-chip",
+        file=FAKE_ACL,
+        find="  if (batch_route == BatchRoute::kUb && entries + need > kGraphWorkEntries) {\n",
+        replace="  if (entries + need > kGraphWorkEntries) {\n",
+        tests=cann("test_only_ub_chips_cap_a_captured_stream_at_32768_work_entries"),
+        why="the jetty limit is the UB (v200) chips' only (memory_task_v200_base.cc:260, :839)",
+    ),
+    dict(
+        name="fake-acl-sub-graph-refusal-outside-capture",
+        file=FAKE_ACL,
+        find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s)) {\n",
+        replace="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {\n",
+        tests=cann("test_refusals_for_a_device_and_for_one_stream"),
+        why="CANN refuses only a stream bound to a sub-graph capture (api_error.cc:7382-7384, "
+            "capture_model_utils.cc:421-441)",
     ),
 ]

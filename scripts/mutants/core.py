@@ -170,9 +170,12 @@ MUTANTS = [
          replace="if (n > 1 && !std::is_sorted(sid, sid + n)) {",
          tests=[FAKE_DEVICE],
          why="accelerator engines get blocks reordered (docs promise the caller's order)"),
-    dict(name="empty_batch_reaches_engine", file="csrc/core/routing.cpp",
-         find="  if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything\n",
-         replace="",
+    # The check in swap_blocks (routing.cpp) also spares the host allocator a
+    # record; removing it alone is equivalent for the engine, which submit's
+    # check keeps from being asked.
+    dict(name="empty_batch_reaches_engine", file="csrc/core/engines.cpp",
+         find="  if (d.count == 0) {\n    return;  // nothing to copy: no engine is needed, no stream is touched\n",
+         replace="  if (false) {\n    return;  // nothing to copy: no engine is needed, no stream is touched\n",
          tests=[FAKE_DEVICE],
          why="a call with nothing to copy looks up an engine (and fails where there is none)"),
     dict(name="missing_engine_not_named", file="csrc/core/engines.cpp",

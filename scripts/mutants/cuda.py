@@ -318,8 +318,8 @@ MUTANTS = [
     dict(
         name="cuda-mapped-by-storage-base",
         file="csrc/cuda/cuda_engine.cpp",
-        find="    switch (registered_coverage(lo, hi, starts)) {",
-        replace="    (void)registered_coverage(lo, hi, starts);\n    switch (Coverage::kNone) {",
+        find="    switch (registrations().coverage(lo, hi, starts)) {",
+        replace="    (void)registrations().coverage(lo, hi, starts);\n    switch (Coverage::kNone) {",
         tests=[FAKE + "::test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it",
                FAKE + "::test_a_registered_prefix_does_not_make_the_whole_tensor_mapped"],
         why="only the storage base is asked: a registered view at an offset reads as pageable, a "
@@ -327,11 +327,14 @@ MUTANTS = [
     ),
     dict(
         name="cuda-registration-gap-ignored",
-        file="csrc/cuda/cuda_engine.cpp",
+        file="csrc/engine_common.h",
         find="    if (it->first > covered) return Coverage::kPartial;  // a gap before this one\n",
         replace="",
-        tests=[FAKE + "::test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are"],
-        why="a pageable page between two registrations reads as mapped",
+        tests=[FAKE + "::test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are",
+               "tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
+               "test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are]"],
+        why="a pageable page between two registrations reads as mapped (CUDA) or pinned "
+            "(Ascend): both engines share RegisteredRanges",
     ),
     dict(
         name="cuda-mapped-without-the-runtimes-opinion",
@@ -343,7 +346,7 @@ MUTANTS = [
     ),
     dict(
         name="cuda-mapped-range-ignores-strides",
-        file="csrc/cuda/cuda_engine.cpp",
+        file="csrc/engine_common.h",
         find="  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};",
         replace="  return {first, first + t.nbytes()};",
         tests=[FAKE + "::test_a_strided_host_view_is_judged_by_every_byte_it_spans"],

@@ -37,6 +37,11 @@ def pointer_copy(src, dst, pairs, code, block=BLOCK):
     torch_kvswap.swap_blocks_batch(sp, dp, torch.full((len(pairs),), block), code)
 
 
+def pinned(t):
+    """kvswap::_host_pinned as the Ascend engine answers it."""
+    return torch.ops.kvswap._host_pinned.default._op_dk("PrivateUse1", t, NPU)
+
+
 def scattered(n):
     """n (src, dst) block pairs that no merge can join: blocks 0, 2, 4, ..."""
     return [(2 * i, 2 * i) for i in range(n)]
@@ -120,16 +125,23 @@ def test_4096_pageable_entries_pass_on_the_ub_route(fake):
 
 
 def test_refusals_for_a_device_and_for_one_stream(fake):
+    """A stream refuses only while it captures into a sub ACL graph
+    (api_error.cc:7382-7384, capture_model_utils.cc:421-441)."""
     host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     side = torch.Stream(device="npu:0")
     fake.refuse_batches_on_stream(0, side.stream_id)
     with side:
-        assert raw(fake, host, dev, 2) == (FEATURE_NOT_SUPPORT, -1)
-        assert fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, 1) == FEATURE_NOT_SUPPORT
+        assert raw(fake, host, dev, 2) == (0, -1)  # not capturing: accepted
+        fake.capture_begin(0, side.stream_id)
+        try:
+            assert raw(fake, host, dev, 2) == (FEATURE_NOT_SUPPORT, -1)
+            assert fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, 1) == FEATURE_NOT_SUPPORT
+        finally:
+            fake.capture_end(0, side.stream_id)
     assert raw(fake, host, dev, 2) == (0, -1)
     fake.refuse_batches_on_device(0)
     assert raw(fake, host, dev, 2)[0] == FEATURE_NOT_SUPPORT
-    assert fake.pending(0, 0) == 2 and fake.pending(0, side.stream_id) == 0
+    assert fake.pending(0, 0) == 2 and fake.pending(0, side.stream_id) == 2
 
 
 def test_a_batch_runs_in_a_scrambled_order(fake):
@@ -176,7 +188,9 @@ def test_register_twice_and_unregister_unknown_memory(fake):
 
 def test_capture_limit_counts_work_entries_and_answers_207008(fake):
     """Copies of 256 bytes at 64 bytes a work entry: 8192 copies fill the
-    32768 entries, the next one fails at its own descriptor."""
+    32768 entries, the next one fails at its own descriptor. The limit is
+    the UB (v200) chips' (memory_task_v200_base.cc:260, :839)."""
+    fake.set_batch_route("ub")
     fake.set_work_entry_bytes(64)
     n = 8193
     src, dst = device_blocks(2 * n, BLOCK, 1), host_blocks(2 * n, BLOCK, 2)
@@ -188,6 +202,19 @@ def test_capture_limit_counts_work_entries_and_answers_207008(fake):
     finally:
         graph = fake.capture_end(0, 0)
     assert fake.graph_entries(graph) == 32768 and fake.graph_size(graph) == 8192
+
+
+def test_only_ub_chips_cap_a_captured_stream_at_32768_work_entries(fake):
+    """The loop route's chips take the same 32772 entries the UB route refuses."""
+    fake.set_work_entry_bytes(64)
+    n = 8193
+    src, dst = device_blocks(2 * n, BLOCK, 1), host_blocks(2 * n, BLOCK, 2)
+    fake.capture_begin(0, 0)
+    try:
+        pointer_copy(src, dst, [(2 * i, 2 * i) for i in range(n)], 1)
+    finally:
+        graph = fake.capture_end(0, 0)
+    assert fake.graph_entries(graph) == 4 * n and fake.graph_size(graph) == n
 
 
 # --- the engine against them -------------------------------------------------------------------------
@@ -216,24 +243,29 @@ def test_first_batch_on_a_stream_holds_one_entry(fake):
     assert torch.equal(dst.cpu()[::2], src[::2])
 
 
-def test_a_refusal_for_one_stream_latches_only_that_stream(fake):
+def test_a_stream_capturing_into_a_sub_graph_fails_its_copies_and_no_other(fake):
     """A stream in a sub-graph capture refuses batches and host<->device
-    copies alike (the copy fails with CANN's 207000); the other streams of
-    the device keep the batch path."""
+    copies alike. The capture query says it captures, so the engine never
+    asks it for a batch; its copy fails with CANN's 207000. The other
+    streams of the device keep the batch path."""
     src, dst = host_blocks(10, BLOCK, 1), device_blocks(10, BLOCK, 2)
     side = torch.Stream(device="npu:0")
     fake.refuse_batches_on_stream(0, side.stream_id)
-    with side:
-        with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"):
-            pointer_copy(src, dst, [(0, 0), (2, 2)], 0)
-        with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"):
-            pointer_copy(src, dst, [(4, 4)], 0)
-    assert fake.calls("aclrtMemcpyBatchAsync") == 1  # the one-entry first batch, refused, not asked again
-    assert fake.calls("aclrtMemcpyAsync") == 2
-    pointer_copy(src, dst, [(6, 6), (8, 8)], 0)       # the default stream still takes batches
-    assert fake.calls("aclrtMemcpyBatchAsync") == 3 and fake.calls("aclrtMemcpyAsync") == 2
+    fake.capture_begin(0, side.stream_id)
+    try:
+        with side:
+            with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"):
+                pointer_copy(src, dst, [(0, 0), (2, 2)], 0)
+    finally:
+        fake.capture_end(0, side.stream_id)
+    assert fake.calls("aclrtMemcpyBatchAsync") == 0 and fake.calls("aclrtMemcpyAsync") == 1
+    with side:  # the capture is over: the stream takes batches again
+        pointer_copy(src, dst, [(4, 4)], 0)
+    pointer_copy(src, dst, [(6, 6), (8, 8)], 0)  # the default stream takes batches
+    assert fake.calls("aclrtMemcpyBatchAsync") == 3 and fake.calls("aclrtMemcpyAsync") == 1
     torch.accelerator.synchronize()
-    assert torch.equal(dst.cpu()[[6, 8]], src[[6, 8]])
+    side.synchronize()
+    assert torch.equal(dst.cpu()[[4, 6, 8]], src[[4, 6, 8]])
 
 
 def test_207000_for_a_whole_batch_on_the_first_call_reissues_nothing_twice(fake):
@@ -291,6 +323,39 @@ def test_a_refused_first_batch_latches_and_copies_per_descriptor(fake, capfd, re
     assert log.count("answered 207000") == 1
 
 
+def test_a_refused_stream_is_probed_again_with_backoff(fake):
+    """A refused one-entry probe may be the entry's memory, not the stream:
+    the stream is asked again after 64 calls, then 128, ... (kFirstReprobe)."""
+    src, dst = host_blocks(4, BLOCK, 1), device_blocks(4, BLOCK, 2)
+
+    def copy():  # one descriptor: the two blocks are adjacent on both sides
+        torch_kvswap.swap_blocks([src], [dst], torch.tensor([0, 1]), torch.tensor([2, 3]))
+
+    fake.fail("aclrtMemcpyBatchAsync", FEATURE_NOT_SUPPORT, at_call=1)  # only the first probe
+    copy()
+    for _ in range(63):
+        copy()
+    assert fake.calls("aclrtMemcpyBatchAsync") == 1  # per descriptor for 63 more calls
+    assert fake.calls("aclrtMemcpyAsync") == 64
+    copy()  # the 64th call after the refusal: probed again, accepted
+    assert fake.calls("aclrtMemcpyBatchAsync") == 2 and fake.calls("aclrtMemcpyAsync") == 64
+    copy()
+    assert fake.calls("aclrtMemcpyBatchAsync") == 3  # batched from now on
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[2:], src[:2])
+
+
+def test_a_stream_that_keeps_refusing_is_probed_ever_less_often(fake):
+    fake.refuse_batches_on_device(0)
+    src, dst = host_blocks(4, BLOCK, 1), device_blocks(4, BLOCK, 2)
+    probes = []
+    for _ in range(1 + 64 + 128):
+        torch_kvswap.swap_blocks([src], [dst], torch.tensor([0]), torch.tensor([1]))
+        probes.append(fake.calls("aclrtMemcpyBatchAsync"))
+    assert [i for i in range(1, len(probes)) if probes[i] > probes[i - 1]] == [64, 64 + 128]
+    assert probes[-1] == 3 and fake.calls("aclrtMemcpyAsync") == len(probes)
+
+
 def test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_parts(fake):
     """A stream's first batch (descriptor 0) is queued; the next part fails
     its check at its first entry: only descriptor 0 is on the stream."""
@@ -301,6 +366,8 @@ def test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_pa
         torch_kvswap.swap_blocks_batch(sp, dp, torch.full((2,), BLOCK), 0)
     text = str(info.value)
     assert "failed at descriptor 1" in text and "copies 0..0 of this call were already queued" in text
+    # the addresses as the caller passed them: a failed call leaves its arrays alone
+    assert f"src 0x{src.data_ptr() + 2 * BLOCK:x} -> dst 0x{other.data_ptr():x}" in text
     assert "may have been queued" not in text
     assert fake.pending(0, 0) == 1
 
@@ -353,7 +420,8 @@ def test_registration_the_query_does_not_confirm_is_undone(fake, capfd, recwarn)
     buf = aligned_host_buffer(1 << 14)
     for _ in range(2):
         with pytest.raises(NotImplementedError, match=r"does not report the whole range as registered host memory; "
-                                                      r"undoing the registration failed too: ACL error 507911"):
+                                                      r"undoing it answered that nothing is registered "
+                                                      r"\(ACL error 507911"):
             torch.ops.kvswap._host_register(buf, NPU, True)
     log = capfd.readouterr().err + "".join(str(w.message) for w in recwarn)
     assert log.count("fall back to the pinned allocator") == 1  # logged once
@@ -371,22 +439,47 @@ def test_registration_is_checked_at_both_ends(fake, failing_query):
     torch.ops.kvswap._host_register(buf, NPU, False)
 
 
-def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_nothing(fake):
-    from torch_kvswap import KVCacheOffloader
+def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(fake):
+    """aclrtHostRegisterV2 succeeds, the query fails, the undo fails: CANN may
+    still count the range registered, so the offloader keeps its memory for
+    the life of the process instead of handing it back to the allocator."""
+    from torch_kvswap import KVCacheOffloader, handler
 
-    fake.set_register_does_nothing(True)
+    buf = aligned_host_buffer(1 << 14)
+    fake.fail("aclrtPointerGetAttributes", RT_PARAM_INVALID)
+    fake.fail("aclrtHostUnregister", RT_PARAM_INVALID)
+    with pytest.raises(NotImplementedError, match=r"undoing the registration failed too \(ACL error 107000.*\): "
+                                                  r"the range may still be registered with CANN"):
+        torch.ops.kvswap._host_register(buf, NPU, True)
+    kept = len(handler._STILL_REGISTERED)
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
     try:
         assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
+        assert len(handler._STILL_REGISTERED) == kept + 1
+        first_page = handler._STILL_REGISTERED[-1].data_ptr() + 4095 & ~4095
+        assert fake.kind(first_page) == "pinned"  # still registered with the fake CANN
+        assert handler._STILL_REGISTERED[-1].data_ptr() not in {t.data_ptr() for t in off.host_tensors}
+    finally:
+        off.shutdown()
+        fake.fail("aclrtHostUnregister", 0)
+
+
+def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_nothing(fake):
+    from torch_kvswap import KVCacheOffloader, handler
+
+    fake.set_register_does_nothing(True)
+    kept = len(handler._STILL_REGISTERED)
+    caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
+    off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
+    try:
+        assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
+        assert len(handler._STILL_REGISTERED) == kept  # nothing was registered: nothing kept
     finally:
         off.shutdown()
 
 
 def test_a_host_tensor_is_pinned_only_if_its_whole_range_is(fake):
-    def pinned(t):
-        return torch.ops.kvswap._host_pinned.default._op_dk("PrivateUse1", t, NPU)
-
     outer = aligned_host_buffer(4 * 4096)
     torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, True)
     try:
@@ -395,6 +488,47 @@ def test_a_host_tensor_is_pinned_only_if_its_whole_range_is(fake):
         assert not pinned(outer[2 * 4096:])
     finally:
         torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, False)
+
+
+def test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are(fake):
+    """Pinned means every byte: CANN judges a copy by its start address
+    (api_impl.cc:8799, :8814), so a pageable page between two registrations
+    would be copied as pinned memory."""
+    page = 4096
+    outer = aligned_host_buffer(4 * page)
+    torch.ops.kvswap._host_register(outer[:page], NPU, True)
+    torch.ops.kvswap._host_register(outer[2 * page:3 * page], NPU, True)
+    try:
+        assert fake.kind(outer.data_ptr() + page) == "pageable"
+        assert not pinned(outer[:3 * page])  # both ends pinned, the middle page not
+        assert not pinned(outer[page - 1:2 * page + 1])
+        host = outer[:3 * page].view(3, page)
+        dev = device_blocks(3, page, 5)
+        with pytest.raises(ValueError, match=r"src_caches\[0\] is in pageable host memory"):
+            torch_kvswap.swap_blocks([host], [dev], torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]))
+        torch.ops.kvswap._host_register(outer[page:2 * page], NPU, True)  # fills the gap
+        try:
+            assert pinned(outer[:3 * page]) and pinned(outer[page - 1:2 * page + 1])
+            assert pinned(outer[100:page + 100])  # a view at an offset, across two registrations
+            assert not pinned(outer[:4 * page])  # the last page is pageable
+        finally:
+            torch.ops.kvswap._host_register(outer[page:2 * page], NPU, False)
+    finally:
+        torch.ops.kvswap._host_register(outer[:page], NPU, False)
+        torch.ops.kvswap._host_register(outer[2 * page:3 * page], NPU, False)
+
+
+def test_a_registration_the_runtime_no_longer_reports_is_not_pinned(fake):
+    """The engine's table first, the runtime's query as a second opinion."""
+    outer = aligned_host_buffer(2 * 4096)
+    torch.ops.kvswap._host_register(outer, NPU, True)
+    try:
+        assert pinned(outer[10:20])
+        fake.fail("aclrtPointerGetAttributes", RT_PARAM_INVALID)
+        assert not pinned(outer[10:20])
+    finally:
+        fake.fail("aclrtPointerGetAttributes", 0)  # answers again
+        torch.ops.kvswap._host_register(outer, NPU, False)
 
 
 def test_shutdown_survives_an_unregister_failure(fake, caplog):

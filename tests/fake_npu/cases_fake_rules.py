@@ -9,7 +9,7 @@ import torch
 from npu_cases import FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, device_blocks, host_blocks
 from npu_cases import fake  # noqa: F401 - the fixture
 
-INVALID_PARAM, ADDR_UNALIGNED = 100000, 107008
+INVALID_PARAM, ADDR_UNALIGNED, STREAM_CONTEXT = 100000, 107008, 107003
 HOST, DEVICE = 0, 1
 H2D_ATTR = (DEVICE, 0, HOST, 0, 0)  # (dst type, dst id, src type, src id, rsv byte)
 MEMCPY_HOST_TO_DEVICE = 1  # aclrtMemcpyKind ACL_MEMCPY_HOST_TO_DEVICE [hdr acl_rt.h]
@@ -114,3 +114,16 @@ def test_an_event_destroyed_before_its_record_ran_is_freed_when_it_runs(fake):
     busy.synchronize()  # the record runs and frees the destroyed event
     assert fake.live_events() == before
     assert torch.equal(dev.cpu(), host)
+
+
+def test_a_copy_on_a_stream_of_another_device_is_refused(fake):
+    """ACL_ERROR_RT_STREAM_CONTEXT (107003): a stream belongs to its device's
+    context (api_impl.cc:2882-2883, api_impl_david.cc:818-820, :924-925)."""
+    host, dev = host_blocks(1, 256, 3), device_blocks(1, 256, 4)
+    torch.accelerator.set_device_index(1)  # the stream passed below is npu:0's
+    try:
+        assert fake.raw_memcpy(dev.data_ptr(), 256, host.data_ptr(), 256, MEMCPY_HOST_TO_DEVICE) == STREAM_CONTEXT
+        assert batch(fake, (host, dev), n=1) == (STREAM_CONTEXT, -1)
+    finally:
+        torch.accelerator.set_device_index(0)
+    assert fake.raw_memcpy(dev.data_ptr(), 256, host.data_ptr(), 256, MEMCPY_HOST_TO_DEVICE) == 0

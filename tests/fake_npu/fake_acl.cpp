@@ -29,6 +29,7 @@ using ascend::MemLocationType;
 namespace {
 
 constexpr AclError kInvalidParam = 100000;     // ACL_ERROR_INVALID_PARAM [hdr acl_base_rt.h:67]
+constexpr AclError kRtStreamContext = 107003;  // ACL_ERROR_RT_STREAM_CONTEXT [hdr error_codes/rt_error_codes.h:24]
 constexpr AclError kRtParamInvalid = 107000;   // ACL_ERROR_RT_PARAM_INVALID [hdr error_codes/rt_error_codes.h:21]
 constexpr AclError kRtAddrUnaligned = 107008;  // ACL_ERROR_RT_ADDR_UNALIGNED [hdr rt_error_codes.h:29]
 // ACL_ERROR_RT_NO_STREAM_RESOURCE [hdr rt_error_codes.h:77]: what EE1023's
@@ -224,7 +225,10 @@ AclError Runtime::record_into_graph(Stream* s, std::function<void()> task, uint6
   auto& graph = graphs_.at(static_cast<size_t>(s->graph));
   uint64_t& entries = graph_entries_.at(static_cast<size_t>(s->graph));
   const uint64_t need = work_entry_bytes == 0 ? 1 : std::max<uint64_t>(1, (bytes + work_entry_bytes - 1) / work_entry_bytes);
-  if (entries + need > kGraphWorkEntries) {
+  // Only the UB (v200) chips have the jetty limit: their memcpy tasks go
+  // through it [memory_task_v200_base.cc:260, :839; stream_jetty_handler.cc:
+  // 110-133]; the loop route's chips have no such cap.
+  if (batch_route == BatchRoute::kUb && entries + need > kGraphWorkEntries) {
     return error(kRtNoStreamResource,
                  "EE1023: Expanding the capacity failed. There are too many asynchronous copy tasks "
                  "in the ACL Graph (fake ACL)");
@@ -256,6 +260,10 @@ AclError Runtime::injected(const char* function) {
 }
 
 void Runtime::fail(const std::string& function, AclError code, int64_t at_call) {
+  if (code == 0) {
+    faults_.erase(function);  // code 0: the function answers again
+    return;
+  }
   faults_[function] = Fault{code, at_call};
 }
 
@@ -279,6 +287,18 @@ Stream* resolve(AclStream handle) {
   return rt().stream(g_current_device != nullptr ? g_current_device() : 0, 0);
 }
 
+// A stream belongs to the context (device) it was created in: a copy on a
+// stream of another device than the current one is refused with
+// ACL_ERROR_RT_STREAM_CONTEXT [rt src/runtime/api/impl/api_impl.cc:2882-2883;
+// api_impl_david.cc:818-820 (batch), :924-925 (MemcpyAsync);
+// errcode_manage.cc:126].
+AclError check_context(const Stream* s, const char* api) {
+  const int current = g_current_device != nullptr ? g_current_device() : 0;
+  if (s->device == current) return 0;
+  return rt().error(kRtStreamContext, std::string(api) + ": stream of device " + std::to_string(s->device) +
+                                          " is not in the current context (device " + std::to_string(current) + ")");
+}
+
 // aclrtMemcpyAsync, as ApiErrorDecorator::MemcpyAsync checks it
 // [rt src/runtime/api/impl/api_error.cc:2176-2273].
 AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count, MemcpyKind kind,
@@ -290,6 +310,7 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
     return rt().error(kRtParamInvalid, "aclrtMemcpyAsync: null address, zero count or count > destMax");
   }
   Stream* s = resolve(handle);
+  if (AclError e = check_context(s, "aclrtMemcpyAsync")) return e;
   const Region sr = rt().region_of(src);
   const Region dr = rt().region_of(dst);
   const MemLocationType sl = location_of(sr);
@@ -319,7 +340,8 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
   // A stream in a sub ACL graph capture refuses host<->device (UB DMA)
   // copies with 207000 [api_error.cc:2253-2255; capture_model_utils.cc:421-470],
   // as it refuses batches (memcpy_batch_async).
-  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && real != MemcpyKind::kDeviceToDevice) {
+  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s) &&
+      real != MemcpyKind::kDeviceToDevice) {
     return rt().error(ascend::kAclFeatureNotSupported,
                       "aclrtMemcpyAsync: stream belongs to sub ACL Graph, does not support asynchronous memory copy");
   }
@@ -586,18 +608,23 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
   }
   // A stream bound to a sub ACL graph (a capture into one,
   // capture_model_utils.cc:421-441) on a UB runtime: 207000 for that stream
-  // only [api_error.cc:7382-7384].
-  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {
+  // only, and only while it captures [api_error.cc:7382-7384].
+  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s)) {
     return rt().error(ascend::kAclFeatureNotSupported,
                       "aclrtMemcpyBatchAsync: stream belongs to sub ACL Graph, does not support "
                       "asynchronous memory copy");
   }
+  if (AclError e = check_context(s, "aclrtMemcpyBatchAsync")) return e;  // nothing queued
   const AclError err = rt().batch_route == BatchRoute::kLoop
                            ? batch_loop(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s)
                            : batch_ub(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s);
   // The runtime keeps no reference to the arrays once the call returns
   // [api_impl_david.cc:860-862 copies them; api_impl.cc:8887-8939 consumes
-  // them entry by entry]: overwrite them, so a late read shows.
+  // them entry by entry]: after a successful call, overwrite them, so a late
+  // read shows. Never after a failed one: CANN only reads the arrays, and the
+  // caller may read them again (to name the failed copy, or to copy per
+  // descriptor after a refusal).
+  if (err != 0) return err;
   for (size_t i = 0; i < n; ++i) {
     dsts[i] = reinterpret_cast<void*>(uintptr_t{0xdead0000});
     srcs[i] = reinterpret_cast<void*>(uintptr_t{0xdead0000});

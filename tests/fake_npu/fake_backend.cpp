@@ -542,7 +542,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     rt().entry_faults.push_back(EntryFault{entry, code, at_call});
   }, py::arg("entry"), py::arg("code"), py::arg("at_call") = -1);
   m.def("refuse_batches_on_device", [](int d) { rt().batch_refused_devices.insert(d); });
-  m.def("refuse_batches_on_stream", [](int d, int64_t s) { rt().batch_refused_streams.insert({d, s}); });
+  m.def("refuse_batches_on_stream", [](int d, int64_t s) { rt().batch_refused_streams.insert({d, s}); },
+        "the stream's captures are into a sub ACL graph: while capturing it refuses batches and "
+        "host<->device copies with 207000");
   m.def("set_pin_records_only", [](bool on) { rt().pin_records_only = on; });
   m.def("set_register_does_nothing", [](bool on) { rt().register_does_nothing = on; });
   m.def("set_work_entry_bytes", [](uint64_t bytes) { rt().work_entry_bytes = bytes; });
