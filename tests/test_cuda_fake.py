@@ -1617,3 +1617,50 @@ def test_the_engine_works_with_every_optional_entry_absent(fake, method):
     assert F.batches() == [] and not F.batch_enabled(1)
     assert F.kernel_param_bytes(1) == 4096
     assert F.violations() == []
+
+
+@pytest.mark.parametrize("method,nodes", [("auto", 1), ("dma", 8 * 24)])
+def test_a_capture_of_many_large_blocks_stays_a_few_graph_nodes(fake, method, nodes):
+    """Issue 25: under capture, per-descriptor DMA records one memcpy node per
+    descriptor (8 layers x 24 scattered 64 KiB blocks: 192 nodes); "auto"
+    takes the kernel path over the mapped host caches, one node per launch."""
+    stream = side_stream()
+    src = caches(65536, 64, "device", pairs=8, seed=41)
+    dst = caches(65536, 64, "pinned", pairs=8, seed=42)
+    sid, did = torch.arange(0, 48, 2), torch.arange(1, 49, 2)  # no two adjacent: no merging
+    want = expected(src, dst, sid, did)
+    torch_kvswap.set_copy_method(method)
+    with captured(stream) as cap:
+        torch_kvswap.swap_blocks(src, dst, sid, did)
+    assert cap.error == "cudaSuccess"
+    assert F.graph_nodes(cap.graph) == nodes
+    assert F.launch_graph(cap.graph, stream) == "cudaSuccess"
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert all(torch.equal(host_bytes(d), w) for d, w in zip(dst, want))
+
+
+def test_the_current_stream_is_per_thread(fake):
+    """torch keeps the current stream per thread (c10/cuda/CUDAStream.cpp): a
+    copy made on one thread goes to that thread's stream, and a stream another
+    thread made current is not this one's."""
+    src, dst = caches(2048, 4, "pinned", seed=43), caches(2048, 4, "device", seed=44)
+    before = [host_bytes(d) for d in dst]
+    want = expected(src, dst, [0, 1], [2, 3])
+    mine = side_stream()
+    seen = {}
+
+    def other_thread():
+        seen["start"] = F.current_stream(0)  # this thread set none: the default stream
+        theirs = F.create_stream(0, False)
+        F.set_stream(0, theirs)
+        seen["theirs"] = theirs
+        torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert seen["start"] == 0 and F.current_stream(0) == mine != seen["theirs"]
+    assert F.synchronize(mine) == "cudaSuccess"  # not this thread's copy: nothing lands
+    assert all(torch.equal(host_bytes(d), b) for d, b in zip(dst, before))
+    assert F.synchronize(seen["theirs"]) == "cudaSuccess"
+    assert all(torch.equal(host_bytes(d), w) for d, w in zip(dst, want))

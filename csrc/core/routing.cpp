@@ -254,7 +254,11 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
   int64_t largest = 0;
   for (const auto& p : route.pairs) largest = std::max(largest, p.block_bytes);
   const bool small = largest < kKernelPathMaxBlockBytes;
-  if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {
+  // Under capture the kernel path is taken whatever the block size: the
+  // graph then holds one node per launch (each carries hundreds of ids,
+  // docs/cuda.md), where per-descriptor DMA records one memcpy node per
+  // descriptor, layers x blocks of them.
+  if (kernel_available && (small || capturing) && mapped().value_or(false)) {
     return Path::kKernel;
   }
   TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: the current stream of ", device,

@@ -100,7 +100,7 @@ MUTANTS = [
     dict(
         name="cuda-device-ids-under-capture-refused",
         file="csrc/core/routing.cpp",
-        find="(small || (!host_ids && capturing))",
+        find="(small || capturing)",
         replace="small",
         tests=[FAKE + "::test_auto_routes_device_ids_under_capture_to_the_kernel"],
         why="capture: device ids with large blocks were refused (or read back) instead of taking "
@@ -435,5 +435,23 @@ MUTANTS = [
         replace='"capture_query=cudaStreamGetCaptureInfo (every CUDA release)",',
         tests=[FAKE + "::test_environment_report_says_what_the_engine_uses_on_the_device"],
         why="the report names a query the table does not bind",
+    ),
+    dict(
+        name="cuda-capture-of-large-blocks-per-descriptor",
+        file="csrc/core/routing.cpp",
+        find="  if (kernel_available && (small || capturing) && mapped().value_or(false)) {",
+        replace="  if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {",
+        tests=[FAKE + "::test_a_capture_of_many_large_blocks_stays_a_few_graph_nodes"],
+        why="issue 25: under capture with host ids and blocks of 32 KiB or more, every "
+            "descriptor became its own memcpy node (layers x blocks of them)",
+    ),
+    dict(
+        name="fake-cuda-current-stream-process-wide",
+        file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        find="  t_streams.set[device] = stream;\n",
+        replace="  w.current.at(static_cast<size_t>(device)) = stream;\n",
+        tests=[FAKE + "::test_the_current_stream_is_per_thread"],
+        why="torch's current stream is per thread (c10/cuda/CUDAStream.cpp); process-wide, a "
+            "copy could land on another thread's stream unnoticed",
     ),
 ]

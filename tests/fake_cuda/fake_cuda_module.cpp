@@ -547,6 +547,9 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("end_capture(int stream) -> (str, int)", &end_capture);
   m.def("instantiate(int graph) -> int", &instantiate);
   m.def("launch_graph(int exec, int stream) -> str", &launch_graph);
+  m.def("graph_nodes(int exec) -> int", [](int64_t exec) {
+    return static_cast<int64_t>(fake_cuda::graph_node_count(reinterpret_cast<cudaGraphExec_t>(exec)));
+  });
   m.def("exchange_capture_mode(int mode) -> int", &exchange_capture_mode);
   m.def("set_fault(str name, int value) -> ()", &set_fault);
   m.def("last_error(bool peek) -> str", &last_error);

@@ -71,6 +71,9 @@
 //   everywhere, 32,764 with a 12.1+ runtime and driver on sm_70+ (else
 //   cudaErrorNotSupported; copy_kernel.h and param_rule cite the sources).
 //   cudaDeviceGetAttribute answers the compute capability.
+// * Current stream: per thread, as torch's (c10/cuda/CUDAStream.cpp keeps
+//   the current streams thread_local); a thread that set none has the
+//   default (legacy) stream.
 // * Current device (per thread; torch's exchangeDevice is cudaSetDevice,
 //   which refuses an ordinal that is not a device with cudaErrorInvalidDevice,
 //   cuda_runtime_api.h:1648). Events belong to the device current when they
@@ -169,7 +172,8 @@ struct World {
   std::set<const StreamState*> known;
   std::vector<StreamState*> legacy;      // per device
   std::vector<StreamState*> per_thread;  // per device (cudaStreamPerThread)
-  std::vector<cudaStream_t> current;     // torch's current stream, per device
+  std::vector<cudaStream_t> current;     // a thread's current stream until it sets one, per device
+  uint64_t generation = 0;               // reset() count: forgets every thread's streams
   std::deque<EventState> events;
   std::deque<Capture> capture_store;
   std::vector<Capture*> active;
@@ -333,9 +337,22 @@ void drain_all(StreamState* s) { drain(s, s->enqueued); }
 
 // --- runtime functions --------------------------------------------------------------
 
+// torch's current stream is per thread (c10/cuda/CUDAStream.cpp: the current
+// streams are thread_local; a thread that set none has the default stream),
+// so a stream one thread makes current is not another thread's.
+struct ThreadStreams {
+  uint64_t generation = ~uint64_t{0};
+  std::map<int, cudaStream_t> set;  // device -> the stream this thread made current
+};
+thread_local ThreadStreams t_streams;
+
 cudaStream_t f_current_stream(int device) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
-  return world().current.at(static_cast<size_t>(device));
+  World& w = world();
+  const cudaStream_t fallback = w.current.at(static_cast<size_t>(device));
+  if (t_streams.generation != w.generation) return fallback;
+  auto it = t_streams.set.find(device);
+  return it == t_streams.set.end() ? fallback : it->second;
 }
 
 // torch's exchangeDevice: cudaSetDevice, raising when it fails (torch's
@@ -887,6 +904,7 @@ void reset(int devices) {
   w.legacy.clear();
   w.per_thread.clear();
   w.current.clear();
+  ++w.generation;
   for (int d = 0; d < devices; ++d) {
     for (auto* list : {&w.legacy, &w.per_thread}) {
       w.streams.emplace_back();
@@ -953,7 +971,13 @@ cudaStream_t stream_create(int device, bool blocking) {
 
 void set_current_stream(int device, cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(world().mu);
-  world().current.at(static_cast<size_t>(device)) = stream;
+  World& w = world();
+  (void)w.current.at(static_cast<size_t>(device));  // a device that exists
+  if (t_streams.generation != w.generation) {
+    t_streams.set.clear();
+    t_streams.generation = w.generation;
+  }
+  t_streams.set[device] = stream;
 }
 
 cudaStream_t current_stream(int device) { return f_current_stream(device); }
@@ -1036,6 +1060,11 @@ cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph) {
   w.graphs.push_back(Graph{c->nodes});
   *graph = reinterpret_cast<cudaGraph_t>(&w.graphs.back());
   return note("cudaStreamEndCapture", s, cudaSuccess);
+}
+
+size_t graph_node_count(cudaGraphExec_t exec) {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return reinterpret_cast<const Graph*>(exec)->nodes.size();
 }
 
 cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph) {

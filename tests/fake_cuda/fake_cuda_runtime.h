@@ -52,6 +52,8 @@ cudaError_t begin_capture(cudaStream_t stream, cudaStreamCaptureMode mode);
 cudaError_t end_capture(cudaStream_t stream, cudaGraph_t* graph);
 cudaError_t graph_instantiate(cudaGraphExec_t* exec, cudaGraph_t graph);
 cudaError_t graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
+// The nodes of an instantiated graph (for tests: what a capture recorded).
+size_t graph_node_count(cudaGraphExec_t exec);
 cudaError_t exchange_capture_mode(cudaStreamCaptureMode* mode);
 cudaError_t get_last_error(bool peek);
 const char* error_name(cudaError_t err);
