@@ -24,7 +24,7 @@ if [ "${KVSWAP_ASAN:-1}" = 1 ]; then
   export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)"
   # Reports go to files (pytest captures stderr, and a report ends the process).
   export ASAN_OPTIONS="detect_leaks=0:log_path=$WORK/asan"  # leaks: torch's own, at exit
-  trap 'cat "$WORK"/asan.* 2>/dev/null | head -60; rm -rf "$WORK"' EXIT
+  trap '{ cat "$WORK"/asan.* 2>/dev/null || true; } | head -60; rm -rf "$WORK"' EXIT
 fi
 CASES=(tests/fake_npu/cases_*.py)
 MAIN=()
