@@ -235,7 +235,7 @@ MUTANTS = [
         file=ENGINE,
         find="isPinnedPtr(reinterpret_cast<const void*>(hi - 1),",
         replace="isPinnedPtr(reinterpret_cast<const void*>(lo),",
-        tests=cann("test_a_host_tensor_is_pinned_only_if_its_whole_range_is"),
+        tests=cann("test_memory_registered_by_someone_else_is_judged_by_the_runtime_at_both_ends"),
         why="a tensor straddling the end of a pinned range was accepted",
     ),
     dict(

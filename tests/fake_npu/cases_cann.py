@@ -490,6 +490,21 @@ def test_a_host_tensor_is_pinned_only_if_its_whole_range_is(fake):
         torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, False)
 
 
+def test_memory_registered_by_someone_else_is_judged_by_the_runtime_at_both_ends(fake):
+    """Outside the engine's own registrations, the runtime answers for the
+    first and the last byte (the pinned allocator's blocks hold a storage
+    whole)."""
+    page = 4096
+    outer = aligned_host_buffer(3 * page)
+    assert fake.raw_register(outer.data_ptr(), page, True) == 0  # page 0 only, not through the engine
+    try:
+        assert pinned(outer[:page]) and pinned(outer[10:page])
+        assert not pinned(outer[:2 * page])  # starts pinned, ends pageable
+        assert not pinned(outer[page:2 * page])
+    finally:
+        assert fake.raw_register(outer.data_ptr(), 0, False) == 0
+
+
 def test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are(fake):
     """Pinned means every byte: CANN judges a copy by its start address
     (api_impl.cc:8799, :8814), so a pageable page between two registrations

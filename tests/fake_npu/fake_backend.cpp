@@ -555,6 +555,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(err, static_cast<int>(a.location.type), a.location.id);
   });
   m.def("raw_memcpy", &raw_memcpy);
+  m.def("raw_register", [](int64_t ptr, uint64_t bytes, bool pin) {
+    void* p = reinterpret_cast<void*>(ptr);
+    return pin ? rt().table().host_register_v2(p, bytes, kvswap::ascend::kHostRegPinned)
+               : rt().table().host_unregister(p);
+  }, "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) or aclrtHostUnregister, not through the engine");
   m.def("bench_submit", &bench_submit);
   m.def("bench_acl_call", &bench_acl_call);
 }
