@@ -188,7 +188,7 @@ def block_bytes(caches) -> int:
 class ReferenceHost:
     """Host sub-block rows per cache tensor, as plain byte copies (zeros until stored)."""
 
-    def __init__(self, caches, tensor_ids=None):
+    def __init__(self, caches):
         self.rows = {i: torch.zeros((NUM_CPU_BLOCKS * FACTOR, *t.shape[1:]), dtype=t.dtype)
                      for i, t in enumerate(tensors(caches))}
 
