@@ -470,3 +470,15 @@ def test_the_standin_0_23_is_accepted_and_the_class_is_built_once(monkeypatch):
     cls = plugin.KVSwapOffloadingHandler
     assert cls is plugin.KVSwapOffloadingHandler
     assert cls.__mro__[1] is sys.modules["vllm.v1.kv_offload.worker.worker"].OffloadingHandler
+
+
+def test_on_vllm_0_23_the_connector_spec_is_still_refused_pointing_at_the_handler(monkeypatch):
+    real_vllm()  # the installed vLLM 0.23 (skips without it)
+    from torch_kvswap.integrations.vllm import offloading
+    monkeypatch.setattr(offloading, "_classes", {})
+    with pytest.raises(compat.UnsupportedVLLM,
+                       match=r"does not support vLLM 0\.23\.0 \(offloading path\): release 0\.23 is below "
+                             r"the supported range; .*OffloadingHandler\.transfer_async\(job_id, spec\) "
+                             r"interface, not OffloadingWorker\.submit_store/submit_load "
+                             r"\(KVSwapOffloadingHandler serves that interface\)"):
+        plugin.KVSwapOffloadingSpec  # noqa: B018
