@@ -407,6 +407,28 @@ def test_a_bad_job_is_not_submitted_and_leaves_nothing_pending(v):
     worker.shutdown()
 
 
+def test_a_job_id_refused_once_can_be_submitted_again(v):
+    handler = v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, make_caches())
+    with pytest.raises(ValueError, match=r"store of 3 device blocks needs 2 host blocks"):
+        handler.transfer_async(1, (v.GPU([0, 1, 2], [3], [0]), v.CPU([0])))
+    assert handler.transfer_async(1, (v.GPU([0, 1], [2], [0]), v.CPU([0])))
+    handler.wait({1})
+    assert [(r.job_id, r.success) for r in handler.get_finished()] == [(1, True)]
+    handler.shutdown()
+
+
+def test_a_job_id_in_flight_or_not_an_int_is_refused(v):
+    handler = v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, make_caches())
+    assert handler.transfer_async(1, (v.GPU([0, 1], [2], [0]), v.CPU([0])))
+    with pytest.raises(ValueError, match=r"job id 1 is already in flight or not yet reported"):
+        handler.transfer_async(1, (v.CPU([0]), v.GPU([2, 3], [2], [0])))
+    with pytest.raises(TypeError, match=r"job_id must be an int, got str '2'"):
+        handler.transfer_async("2", (v.CPU([0]), v.GPU([2, 3], [2], [0])))
+    handler.wait({1})
+    assert [(r.job_id, r.transfer_type) for r in handler.get_finished()] == [(1, ("GPU", "CPU"))]
+    handler.shutdown()
+
+
 def test_wait_ignores_the_ids_of_other_handlers_even_when_strict(v):
     # vLLM's worker hands every handler the whole set of ids it waits for
     handler = v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, make_caches(), strict=True)

@@ -198,8 +198,8 @@ MUTANTS = [
     dict(
         name="vllm023-handler-directions-swapped",
         file=_HANDLER,
-        find="            if media == STORE:\n                self.offloader.store(",
-        replace="            if media == LOAD:\n                self.offloader.store(",
+        find="                if media == STORE:\n                    self.offloader.store(",
+        replace="                if media == LOAD:\n                    self.offloader.store(",
         tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
         why="a (GPU, CPU) spec is a store and a (CPU, GPU) spec a load, never the reverse",
     ),
@@ -214,10 +214,10 @@ MUTANTS = [
     dict(
         name="vllm023-handler-group-sizes-ignored",
         file=_HANDLER,
-        find="                self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,\n"
-             "                                     group_sizes=device.group_sizes)\n",
-        replace="                self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets[:1],\n"
-                "                                     group_sizes=None)\n",
+        find="                    self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,\n"
+             "                                         group_sizes=device.group_sizes)\n",
+        replace="                    self.offloader.store(job_id, device.block_ids, host.block_ids,\n"
+                "                                         offsets=offsets[:1], group_sizes=None)\n",
         tests=[_H + "test_each_kv_cache_group_moves_its_own_tensors[standin]"],
         why="a store's group_sizes split its device ids by KV-cache group",
     ),
@@ -228,6 +228,14 @@ MUTANTS = [
         replace="success=True,",
         tests=[_H + "test_a_failed_copy_is_reported_as_success_false_and_the_next_job_still_runs[standin]"],
         why="a job whose copy failed must be reported with success=False",
+    ),
+    dict(
+        name="vllm023-handler-refused-job-keeps-its-media",
+        file=_HANDLER,
+        find="            except BaseException:\n                del self._media[job_id]\n                raise\n",
+        replace="            except BaseException:\n                raise\n",
+        tests=[_H + "test_a_job_id_refused_once_can_be_submitted_again[standin]"],
+        why="a job the offloader refused was never queued: its id must be free for the next job",
     ),
     dict(
         name="vllm023-handler-offloaders-media-reported",

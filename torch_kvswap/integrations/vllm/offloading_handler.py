@@ -48,7 +48,7 @@ def build() -> dict[str, type]:
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-    from ...handler import KVCacheOffloader
+    from ...handler import KVCacheOffloader, _as_job_id
 
     class KVSwapOffloadingHandler(worker.OffloadingHandler):
         """vLLM ``OffloadingHandler`` for GPU->CPU stores and CPU->GPU loads.
@@ -121,13 +121,21 @@ def build() -> dict[str, type]:
                 raise TypeError("spec must pair vLLM's GPULoadStoreSpec with its CPULoadStoreSpec, "
                                 f"got {type(src).__name__} -> {type(dst).__name__}")
             offsets = [int(b) % self.block_size_factor for b in device.block_indices]
-            if media == STORE:
-                self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,
-                                     group_sizes=device.group_sizes)
-            else:
-                self.offloader.load(job_id, host.block_ids, device.block_ids, offsets=offsets,
-                                    group_sizes=device.group_sizes)
-            self._media[int(job_id)] = media
+            job_id = _as_job_id(job_id)
+            if job_id in self._media:
+                raise ValueError(f"job id {job_id} is already in flight or not yet reported")
+            # Recorded first: on another thread the job may finish before submission returns.
+            self._media[job_id] = media
+            try:
+                if media == STORE:
+                    self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,
+                                         group_sizes=device.group_sizes)
+                else:
+                    self.offloader.load(job_id, host.block_ids, device.block_ids, offsets=offsets,
+                                        group_sizes=device.group_sizes)
+            except BaseException:
+                del self._media[job_id]
+                raise
             return True
 
         def get_finished(self) -> list[Any]:
