@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import torch_kvswap
-from npu_cases import FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, aligned_host_buffer, device_blocks, host_blocks
+from npu_cases import (FEATURE_NOT_SUPPORT, MEMCPY_HOST_TO_DEVICE, RT_PARAM_INVALID, aligned_host_buffer,
+                       device_blocks, host_blocks)
 from npu_cases import fake  # noqa: F401 - the fixture
 
 BLOCK = 256
@@ -135,7 +136,7 @@ def test_refusals_for_a_device_and_for_one_stream(fake):
         fake.capture_begin(0, side.stream_id)
         try:
             assert raw(fake, host, dev, 2) == (FEATURE_NOT_SUPPORT, -1)
-            assert fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, 1) == FEATURE_NOT_SUPPORT
+            assert fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, MEMCPY_HOST_TO_DEVICE) == FEATURE_NOT_SUPPORT
         finally:
             fake.capture_end(0, side.stream_id)
     assert raw(fake, host, dev, 2) == (0, -1)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from npu_cases import FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, device_blocks, host_blocks
+from npu_cases import FEATURE_NOT_SUPPORT, MEMCPY_HOST_TO_DEVICE, RT_PARAM_INVALID, device_blocks, host_blocks
 from npu_cases import fake  # noqa: F401 - the fixture
 
 INVALID_PARAM, ADDR_UNALIGNED, STREAM_CONTEXT = 100000, 107008, 107003
 HOST, DEVICE = 0, 1
 H2D_ATTR = (DEVICE, 0, HOST, 0, 0)  # (dst type, dst id, src type, src id, rsv byte)
-MEMCPY_HOST_TO_DEVICE = 1  # aclrtMemcpyKind ACL_MEMCPY_HOST_TO_DEVICE [hdr acl_rt.h]
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ ABSENT_8_0 = ["aclrtMemcpyBatchAsync", "aclrtHostRegisterV2", "aclmdlRICaptureGe
               "aclmdlRICaptureBegin"]  # CANN 8.0-like: none of the newer functions
 FEATURE_NOT_SUPPORT = 207000
 RT_PARAM_INVALID = 107000
+MEMCPY_HOST_TO_DEVICE = 1  # aclrtMemcpyKind ACL_MEMCPY_HOST_TO_DEVICE [hdr acl_rt.h]
 
 
 @pytest.fixture
