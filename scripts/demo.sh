@@ -4,4 +4,4 @@
 # Extra arguments go to the demo, e.g. `bash scripts/demo.sh --help`.
 export KVSWAP_BUILD_FAKES=0   # the demo needs no test-only extension
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec "$PY" -m torch_kvswap.demo "$@"
+exec "$PY" -m torch_kvswap.bench.demo "$@"

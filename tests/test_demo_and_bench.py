@@ -15,7 +15,9 @@ import torch
 
 import torch_kvswap
 from fake_device import engine_spy
-from torch_kvswap import _loader, bench, demo
+from torch_kvswap import _loader
+from torch_kvswap.bench import demo
+from torch_kvswap.bench import throughput as bench
 
 
 def test_demo_round_trip_succeeds(capsys):
@@ -154,7 +156,7 @@ def test_more_jobs_than_host_blocks_is_an_argument_error_naming_the_options(caps
 
 
 def test_the_demo_refuses_a_fraction_above_one_before_building_anything():
-    proc = subprocess.run([sys.executable, "-m", "torch_kvswap.demo", "--offload-fraction", "1.5"],
+    proc = subprocess.run([sys.executable, "-m", "torch_kvswap.bench.demo", "--offload-fraction", "1.5"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc
     assert proc.stdout == ""  # nothing built, nothing printed
@@ -206,3 +208,15 @@ def test_the_plot_ticks_only_the_measured_block_sizes():
     assert list(ax.get_xticks()) == [2.0, 16.0, 256.0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "16", "256"]
     assert len(ax.xaxis.get_minorticklocs()) == 0
+
+
+def test_the_benches_run_with_python_m_and_stay_out_of_the_package_import():
+    for module, prog in [("torch_kvswap.bench", "python -m torch_kvswap.bench"),
+                         ("torch_kvswap.bench.demo", "python -m torch_kvswap.bench.demo"),
+                         ("torch_kvswap.bench.vllm_backend", "python -m torch_kvswap.bench.vllm_backend")]:
+        proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {prog}"), (module, proc.stdout, proc.stderr)
+    proc = subprocess.run([sys.executable, "-c", "import sys, torch_kvswap; "
+                           "print(sorted(m for m in sys.modules if m.startswith('torch_kvswap.bench')))"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

@@ -526,7 +526,7 @@ def test_without_placements_a_storage_smaller_than_the_blocks_is_refused():
 def test_the_backend_bench_checks_every_method_byte_exact_and_reports_ratios(tmp_path, capsys):
     import json
 
-    from torch_kvswap import bench_vllm_backend
+    from torch_kvswap.bench import vllm_backend as bench_vllm_backend
     out = tmp_path / "b.json"
     assert bench_vllm_backend.main(["--block-kib", "4", "1", "--layers", "3", "--blocks", "5",
                                     "--repeats", "2", "--json", str(out)]) == 0
@@ -539,7 +539,7 @@ def test_the_backend_bench_checks_every_method_byte_exact_and_reports_ratios(tmp
 
 
 def test_the_bench_loop_and_pointer_patterns_copy_like_the_reference():
-    from torch_kvswap.bench_vllm_backend import PointerCopy, loop_copy
+    from torch_kvswap.bench.vllm_backend import PointerCopy, loop_copy
     gpu, _ = make_caches()
     gpu = {n: t.view(torch.int8).view(DEVICE_BLOCKS, -1) for n, t in gpu.items()}
     want = reference(gpu, {n: torch.zeros(HOST_BLOCKS, t.shape[1], dtype=torch.int8) for n, t in gpu.items()},
@@ -556,7 +556,7 @@ def test_the_bench_loop_and_pointer_patterns_copy_like_the_reference():
 
 
 def test_the_bench_pointer_pattern_raises_a_failed_copy_to_its_waiter():
-    from torch_kvswap.bench_vllm_backend import PointerCopy
+    from torch_kvswap.bench.vllm_backend import PointerCopy
 
     p = PointerCopy({"a": torch.zeros(4, 8, dtype=torch.int8)}, {"a": torch.zeros(4, 8, dtype=torch.int8)})
     try:

@@ -1,7 +1,7 @@
 """Mutants of what a new user sees first: the install's leftovers, the
 version message of a shadowed clone, the demo's engine line and argument
 checks, the bench's --plot check (setup.py, torch_kvswap/_loader.py,
-torch_kvswap/demo.py, torch_kvswap/bench.py)."""
+torch_kvswap/bench/demo.py, torch_kvswap/bench/throughput.py)."""
 
 I = "tests/test_install.py"
 D = "tests/test_demo_and_bench.py"
@@ -33,7 +33,7 @@ MUTANTS = [
     ),
     dict(
         name="demo-names-a-loaded-engine",
-        file="torch_kvswap/demo.py",
+        file="torch_kvswap/bench/demo.py",
         find="    key = _loader.engine_for(device)\n    if key is None:\n",
         replace="    key = next((k for k, v in torch_kvswap.ENGINES.items() if v), \"host\")\n    if key is None:\n",
         tests=[D + "::test_the_demo_names_the_engine_whose_kernel_received_every_byte"],
@@ -41,7 +41,7 @@ MUTANTS = [
     ),
     dict(
         name="demo-fraction-above-one-accepted",
-        file="torch_kvswap/demo.py",
+        file="torch_kvswap/bench/demo.py",
         find='fraction = number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")\n',
         replace='fraction = number(float, lambda v: 0 < v, "a fraction in (0, 1]")\n',
         tests=[D + "::test_a_demo_option_out_of_range_is_an_argument_error"],
@@ -49,7 +49,7 @@ MUTANTS = [
     ),
     dict(
         name="bench-plot-checked-after-the-run",
-        file="torch_kvswap/bench.py",
+        file="torch_kvswap/bench/throughput.py",
         find="    if args.plot and not matplotlib_available():\n",
         replace="    if False:\n",
         tests=[D + "::test_bench_refuses_plot_without_matplotlib_before_the_run"],

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import torch_kvswap
-from torch_kvswap.demo import HelpWithDefaults, pick_device
+from torch_kvswap.bench.demo import HelpWithDefaults, pick_device
 
 METHODS = ["contiguous", "kvswap_ptr", "kvswap_tensor", "copy_loop", "index"]
 

@@ -1,4 +1,4 @@
-"""Polling vs waiting on the CPU path: ``python -m torch_kvswap.bench_polling``.
+"""Polling vs waiting on the CPU path: ``python -m torch_kvswap.bench.polling``.
 
 A serving engine's worker often polls ``KVCacheOffloader.get_finished()`` in a
 tight loop instead of calling ``wait()``. On the CPU path the copies run on

@@ -1,4 +1,4 @@
-"""vLLM simple-offload copy backends side by side on CPU: ``python -m torch_kvswap.bench_vllm_backend``.
+"""vLLM simple-offload copy backends side by side on CPU: ``python -m torch_kvswap.bench.vllm_backend``.
 
 Three ways to run one ``launch_copy`` of vLLM's ``SimpleCPUOffloadConnector``
 (copy ``n`` blocks of every layer region between the KV cache and its host
@@ -39,8 +39,8 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from . import ops
-from .integrations.vllm.copy_backend import KVSwapCopyBackend
+from .. import ops
+from ..integrations.vllm.copy_backend import KVSwapCopyBackend
 
 
 def loop_copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor],
@@ -147,7 +147,7 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench_vllm_backend", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench.vllm_backend", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--block-kib", type=float, nargs="+", default=[4, 32, 256])
     p.add_argument("--layers", type=int, default=32)

@@ -1,6 +1,6 @@
 """Demo: offload a model-shaped paged KV cache to host memory and load it back.
 
-Run with ``python -m torch_kvswap.demo`` (``--help`` for the knobs). On the
+Run with ``python -m torch_kvswap.bench.demo`` (``--help`` for the knobs). On the
 default settings it builds a 32-layer, 8-KV-head, head-dim-128, 16-token-block
 bf16 cache of 1 GiB on the present device (the CPU when there is no
 accelerator), stores a random half of its blocks (512 MiB; ``--offload-fraction``)
@@ -95,7 +95,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.demo", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench.demo", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpWithDefaults)
     p.add_argument("--layers", type=positive_int, default=32, help="model layers; each has a K and a V cache")
     p.add_argument("--kv-heads", type=positive_int, default=8, help="KV heads per layer")
