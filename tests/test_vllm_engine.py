@@ -70,10 +70,12 @@ MODULE = "torch_kvswap.integrations.vllm"
 
 
 def engine(**kw) -> LLM:
-    return LLM(model=MODEL, load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
-               dtype="float16", max_model_len=512, block_size=BLOCK, max_num_seqs=2,
-               num_gpu_blocks_override=64, enable_prefix_caching=True, disable_log_stats=False,
-               seed=0, **kw)
+    """The test model's engine; ``kw`` adds to (or overrides) its arguments."""
+    args = dict(model=MODEL, load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
+                dtype="float16", max_model_len=512, block_size=BLOCK, max_num_seqs=2,
+                num_gpu_blocks_override=64, enable_prefix_caching=True, disable_log_stats=False,
+                seed=0)
+    return LLM(**{**args, **kw})
 
 
 def close(llm: LLM) -> None:
