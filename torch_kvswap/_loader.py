@@ -2,8 +2,10 @@
 
 The core ``_C`` holds every schema, the validation and the host engine; without
 it the package cannot work, so a missing build is an ImportError that says how
-to build. Each accelerator engine is a separate extension that registers one
-kernel (``kvswap::_submit``) for its dispatch key. A missing or broken engine
+to build. Each accelerator engine is a separate extension that registers its
+kernels for its dispatch key: ``kvswap::_submit`` and the few others an engine
+provides (host registration, capture query, report; five kernels for the
+Ascend engine, six for CUDA). A missing or broken engine
 never breaks the import: it is recorded in :data:`ENGINE_ERRORS` and the ops
 raise a clear error only when a copy actually needs that engine.
 """
