@@ -35,6 +35,7 @@ lines are shown only when a build fails, or with ``KVSWAP_VERBOSE_BUILD=1``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -51,6 +52,22 @@ from setuptools import find_packages, setup
 ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 
+
+def _load_build_shared():
+    """torch_kvswap/_build_shared.py, by its path: importing the package would
+    load its compiled extensions, which this script is about to build."""
+    spec = importlib.util.spec_from_file_location("torch_kvswap_build_shared",
+                                                  ROOT / "torch_kvswap" / "_build_shared.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_shared = _load_build_shared()
+INSTALL_COMMAND = _shared.INSTALL_COMMAND
+release = _shared.release  # (major, minor, patch) of a version string such as '2.13.0+cpu'
+summary_lines = _shared.summary_lines
+
 #: The oldest torch release the package builds against and is tested with
 #: (README.md, "Install"): vllm-ascend's pin (torch 2.10.0 with torch-npu
 #: 2.10.0), the oldest of the releases its users run.
@@ -61,8 +78,6 @@ MIN_TORCH = (2, 10)
 #: (9.0), Blackwell data centre (10.0) and consumer (12.0), plus PTX for newer
 #: GPUs. Architectures the installed nvcc cannot target are dropped.
 DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
-
-INSTALL_COMMAND = "pip install --no-build-isolation ."
 
 ISOLATION_MESSAGE = f"""
 torch_kvswap compiles against the torch it will be imported with, and no torch
@@ -99,11 +114,6 @@ def flag(name: str, env=os.environ) -> bool | None:
     if value in ("0", "false", "no", "off"):
         return False
     return None
-
-
-def release(version: str) -> tuple[int, ...]:
-    """(major, minor, patch) of a version string such as '2.13.0+cpu'."""
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
 
 def import_build_torch():
@@ -558,27 +568,10 @@ def plan_lines(torch_version: str, engines: list[Engine], selected: set[str], ar
             f"CPUs (this machine has {cpus}), a rebuild compiles only what changed:", *lines]
 
 
-def summary_lines(info: dict) -> list[str]:
-    """One line per engine, as printed at the end of a build and by
-    ``python -m torch_kvswap``."""
-    names = {"host": "host engine   (_C)", "cuda": "CUDA engine   (_C_cuda)",
-             "npu": "Ascend engine (_C_npu)", "fake_cuda": "test fake     (_fake_cuda)"}
-    lines = [f"torch_kvswap: built against torch {info['torch']}"]
-    for key, entry in info["engines"].items():
-        if entry["built"]:
-            extra = f" for {info['cuda_arch_list']}" if key == "cuda" and info.get("cuda_arch_list") else ""
-            lines.append(f"  {names.get(key, key)}: built{extra}")
-        else:
-            lines.append(f"  {names.get(key, key)}: not built: {entry['reason']}; to enable: {entry['enable']}")
-    return lines
-
-
 def require_wheel_support() -> None:
     """pip builds through setuptools' bdist_wheel, which setuptools has only
     from 70.1 on; older ones need the `wheel` package (a fresh Python 3.11
     venv has setuptools 65 and no wheel)."""
-    import importlib.util
-
     import setuptools
 
     if release(setuptools.__version__) < (70, 1) and importlib.util.find_spec("wheel") is None:

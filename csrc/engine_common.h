@@ -98,28 +98,6 @@ class RegisteredRanges {
   std::map<uintptr_t, uintptr_t> ranges_;  // start -> end
 };
 
-// Per-descriptor attributes of a batch call: one attrs entry and one index
-// per descriptor (attrs[i] applies from indexes[i]). Valid, but not needed:
-// an entry applies from its index up to the next entry's index, the last one
-// through the end of the batch (CUDA: cuda_runtime_api.h:6422-6424, CUDA 13.0;
-// CANN: acl/acl_rt.h, aclrtMemcpyBatchAsync "attrsIndexes"), so one entry
-// with index 0 covers a whole batch, which is what both engines pass.
-// Owned by the CUDA engine's in-flight record until the device has consumed
-// the batch.
-template <class Attr>
-struct BatchAttrs {
-  std::vector<Attr> attrs;
-  std::vector<size_t> indexes;
-
-  static std::shared_ptr<BatchAttrs> per_descriptor(int64_t count, const Attr& attr) {
-    auto out = std::make_shared<BatchAttrs>();
-    out->attrs.assign(static_cast<size_t>(count), attr);
-    out->indexes.resize(static_cast<size_t>(count));
-    for (size_t i = 0; i < out->indexes.size(); ++i) out->indexes[i] = i;
-    return out;
-  }
-};
-
 // Keeps the host arrays of submitted batches alive until the device has
 // consumed them, for a batch API that may read its descriptor arrays after
 // the call returns: the engine hands them here together with an event

@@ -43,7 +43,6 @@ enum class Direction : int64_t {
   kDeviceToHost = 1,
   kDeviceToDevice = 2,
 };
-constexpr int64_t kNumDirections = 3;
 
 // Lower-case name of a direction code ("host_to_device", ...), decided by the
 // enum's values; throws for an unknown code, naming the argument `what`.

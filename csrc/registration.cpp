@@ -12,10 +12,11 @@ TORCH_LIBRARY(kvswap, m) {
   // to dst_ptrs[i] on the current stream of the current accelerator (with no
   // accelerator: memcpy on the host). The three tensors are 1-D int64 CPU
   // tensors of equal length; direction is 0 host->device, 1 device->host,
-  // 2 device->device. Drop-in for the reference handler's call. It mutates
-  // memory the schema cannot name, so torch_kvswap registers it as an ordered
-  // side effect; nothing is marked mutated on purpose (the pointer tensors
-  // are only read).
+  // 2 device->device. Drop-in for the reference design's `swap_blocks_batch`
+  // call (same arguments, same direction codes); not for vLLM's cache ops,
+  // whose signatures differ. It mutates memory the schema cannot name, so
+  // torch_kvswap registers it as an ordered side effect; nothing is marked
+  // mutated on purpose (the pointer tensors are only read).
   m.def("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> ()");
 
   // Tensor form: for every pair i and every j, copy block src_block_ids[j] of

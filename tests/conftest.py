@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-import torch_kvswap  # noqa: F401 - loads the ops
+import torch_kvswap  # loads the ops
 
 # Hypothesis draws the same examples on every run (CI, the mutation check),
 # so a failure reproduces and a mutant is killed or not, never by luck.
@@ -32,6 +32,33 @@ def fresh_compile():
     with torch._inductor.config.patch(fx_graph_cache=False, autotune_local_cache=False):
         yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def fake_cuda_devices() -> int:
+    """How many devices the `fake_cuda` fixture's runtime has; a test module
+    overrides this fixture to get more."""
+    return 1
+
+
+@pytest.fixture
+def fake_cuda(fake_cuda_devices):
+    """The CUDA engine on the fake CUDA runtime (tests/fake_cuda), installed
+    under the CUDA key for one test, with `fake_cuda_devices` devices; yields
+    its ops (torch.ops.kvswap_fake_cuda). Afterwards the copy method is back
+    to "auto" and nothing is left under the CUDA key."""
+    try:
+        import torch_kvswap._fake_cuda  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
+        pytest.skip(f"torch_kvswap._fake_cuda is not built ({exc})")
+    F = torch.ops.kvswap_fake_cuda
+    F.install()
+    F.reset(fake_cuda_devices)
+    try:
+        yield F
+    finally:
+        torch_kvswap.set_copy_method("auto")
+        F.uninstall()
 
 
 def accelerator_or_skip(kind: str) -> torch.device:

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_kvswap._build_shared import release
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).resolve().parent / "fake_npu"
 LOAD_ABSENT = ("aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin,aclrtHostRegisterV2,"
@@ -32,7 +34,7 @@ SESSIONS = {
     "load": ([CASES / "cases_load.py"], {"KVSWAP_FAKE_ACL_ABSENT": LOAD_ABSENT}),
 }
 
-if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
+if release(torch.__version__)[:2] < (2, 13):
     pytest.skip("the Ascend engine targets the torch that torch_npu 2.13 pairs with",
                 allow_module_level=True)
 

@@ -21,6 +21,7 @@ import torch
 
 import torch_kvswap
 from torch_kvswap import Direction
+from helpers import plan_batch
 from reference import read_address
 
 OP = torch.ops.kvswap.swap_blocks_batch.default
@@ -78,11 +79,6 @@ def blocks_of(t: torch.Tensor, ids, offset: int = 0) -> list[int]:
 def call(src, dst, sizes, direction):
     as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     OP(as_t(src), as_t(dst), as_t(sizes), int(direction))
-
-
-def plan(src, dst, sizes, direction):
-    as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
-    return PLAN(as_t(src), as_t(dst), as_t(sizes), int(direction))
 
 
 # --- the mode switch --------------------------------------------------------------------
@@ -215,7 +211,7 @@ def test_the_dry_run_refuses_exactly_like_the_op(setup, case):
     build, message = REFUSED[case]
     with torch_kvswap.checked():
         with pytest.raises(ValueError, match=message):
-            plan(*build(setup))
+            plan_batch(*build(setup))
 
 
 @pytest.mark.parametrize("case", list(REFUSED))
@@ -382,22 +378,18 @@ def test_registering_a_region_inside_a_compiled_graph_is_refused():
 
 
 @pytest.fixture
-def fake_cuda():
-    try:
-        import torch_kvswap._fake_cuda  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
-        pytest.skip(f"torch_kvswap._fake_cuda is not built ({exc})")
-    F = torch.ops.kvswap_fake_cuda
-    F.install()
-    F.reset(2)
-    try:
-        stream = F.create_stream(0, False)
-        F.set_stream(0, stream)
-        torch_kvswap.set_copy_method("kernel")  # reads ids on the device, never on the host
-        yield F, stream
-    finally:
-        torch_kvswap.set_copy_method("auto")
-        F.uninstall()
+def fake_cuda_devices():
+    return 2
+
+
+@pytest.fixture
+def fake_cuda_kernel(fake_cuda):
+    """The fake CUDA runtime (conftest.py) with a stream current on device 0
+    and the copy kernel chosen: it reads ids on the device, never on the host."""
+    stream = fake_cuda.create_stream(0, False)
+    fake_cuda.set_stream(0, stream)
+    torch_kvswap.set_copy_method("kernel")
+    yield fake_cuda, stream
 
 
 def device_ids(F, values):
@@ -408,8 +400,8 @@ def device_ids(F, values):
     ([2, 2], ValueError, r"dst_block_ids\[0\] and dst_block_ids\[1\] are both 2"),
     ([2, 4], IndexError, r"dst_block_ids\[1\] = 4 is out of range for dst_caches\[0\], which has 4"),
 ])
-def test_device_resident_ids_are_checked_like_host_ids(fake_cuda, did, error, message):
-    F, stream = fake_cuda
+def test_device_resident_ids_are_checked_like_host_ids(fake_cuda_kernel, did, error, message):
+    F, stream = fake_cuda_kernel
     src = [F.device_copy(filled(4, seed=10), 0)]
     dst = [F.pinned_copy(torch.zeros(4, BLOCK, dtype=torch.uint8))]
     sid, did_t = device_ids(F, [0, 1]), device_ids(F, did)

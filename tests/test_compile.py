@@ -10,6 +10,7 @@ import torch
 from torch._inductor.utils import run_and_get_code
 
 import torch_kvswap
+from torch_kvswap._build_shared import release
 
 
 def rotation_descriptors(slots: torch.Tensor, scratch: torch.Tensor):
@@ -70,7 +71,7 @@ def in_place_or_skip(backend: str) -> None:
     where it cannot be installed, the clone is a known limit (docs/ops.md)."""
     if backend == "inductor" or torch_kvswap.fake_kernels.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
         return
-    if tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 13):
+    if release(torch.__version__)[:2] >= (2, 13):
         raise AssertionError("torch_kvswap's in-place hook for aot_eager did not install")
     pytest.skip(f"torch {torch.__version__}: aot_eager clones the destination (no hook)")
 

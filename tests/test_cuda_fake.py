@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import torch_kvswap
+from helpers import ids
 
 try:
     import torch_kvswap._fake_cuda  # noqa: F401
@@ -87,8 +88,9 @@ def expected(src, dst, sid, did):
     return out
 
 
-def ids(values, where, device=0):
-    t = torch.tensor(values, dtype=torch.int64)
+def placed_ids(values, where, device=0):
+    """Block ids on the host, or (where == "device") in the fake device's memory."""
+    t = ids(values)
     return F.device_copy(t, device) if where == "device" else t
 
 
@@ -135,7 +137,7 @@ def test_copies_land_on_the_stream_without_syncing(fake, method, direction, id_p
     want = expected(src, dst, sid, did)
     before = [host_bytes(d) for d in dst]
     torch_kvswap.set_copy_method(method)
-    sid_t, did_t = ids(sid, id_place), ids(did, id_place)  # alive until the kernel has run
+    sid_t, did_t = placed_ids(sid, id_place), placed_ids(did, id_place)  # alive until the kernel has run
     torch_kvswap.swap_blocks(src, dst, sid_t, did_t)
     # Nothing has run yet: the copies wait on the stream.
     assert all(torch.equal(host_bytes(d), b) for d, b in zip(dst, before))
@@ -159,7 +161,7 @@ def test_capture_and_replay(fake, method, direction, id_place, block_bytes):
     src_where, dst_where = DIRECTIONS[direction]
     src = caches(block_bytes, 6, src_where, seed=3)
     dst = caches(block_bytes, 5, dst_where, seed=4)
-    sid_t, did_t = ids([2, 3], id_place), ids([0, 1], id_place)
+    sid_t, did_t = placed_ids([2, 3], id_place), placed_ids([0, 1], id_place)
     torch_kvswap.set_copy_method(method)
     if method == "dma" and id_place == "device":
         with captured(stream) as cap:
@@ -475,7 +477,7 @@ def test_auto_routes_device_ids_under_capture_to_the_kernel(fake):
     stream = side_stream()
     src = caches(65536, 4, "device", seed=25)
     dst = caches(65536, 4, "pinned", seed=26)
-    sid, did = ids([0, 1], "device"), ids([2, 3], "device")
+    sid, did = placed_ids([0, 1], "device"), placed_ids([2, 3], "device")
     with captured(stream) as cap:
         torch_kvswap.swap_blocks(src, dst, sid, did)
     assert cap.error == "cudaSuccess"
@@ -507,7 +509,7 @@ def test_kernel_path_skips_device_ids_out_of_range(fake):
     dst = caches(2048, 4, "pinned", pairs=1)
     before = dst[0].clone()
     torch_kvswap.set_copy_method("kernel")
-    sid, did = ids([0, 9], "device"), ids([4, 1], "device")
+    sid, did = placed_ids([0, 9], "device"), placed_ids([4, 1], "device")
     torch_kvswap.swap_blocks(src, dst, sid, did)
     F.synchronize(stream)
     assert torch.equal(dst[0], before)
@@ -686,7 +688,7 @@ def test_engine_argument_checks(fake):
     with pytest.raises(ValueError, match="no cache tensor is on a CUDA device"):
         kernel.redispatch(CUDA, host, host, torch.tensor([0]), torch.tensor([1]))
     with pytest.raises(ValueError, match="cannot index caches on cuda:0"):
-        kernel.redispatch(CUDA, dev, host, ids([0], "device", device=1), torch.tensor([1]))
+        kernel.redispatch(CUDA, dev, host, placed_ids([0], "device", device=1), torch.tensor([1]))
     with pytest.raises(ValueError, match="contiguous 1-D int64"):
         kernel.redispatch(CUDA, dev, host, torch.tensor([0.0]), torch.tensor([1]))
     with pytest.raises(ValueError, match="differ in length"):
@@ -1031,7 +1033,7 @@ def test_device_ids_read_back_for_the_dma_path_are_checked(fake):
     dst = caches(65536, 4, "pinned", pairs=1)
     torch_kvswap.set_copy_method("dma")
     with pytest.raises(ValueError, match="are both 2"):
-        torch_kvswap.swap_blocks(src, dst, ids([0, 1], "device"), ids([2, 2], "device"))
+        torch_kvswap.swap_blocks(src, dst, placed_ids([0, 1], "device"), placed_ids([2, 2], "device"))
 
 
 # --- the fake's own rules, each triggered directly -----------------------------------------

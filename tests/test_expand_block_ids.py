@@ -9,13 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_kvswap
+from helpers import ids
 from reference import expand_block_ids_ref
 
 OP = torch.ops.kvswap.expand_block_ids.default
-
-
-def ids(values):
-    return torch.tensor(values, dtype=torch.int64)
 
 
 def test_reference_example():

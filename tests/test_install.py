@@ -231,6 +231,44 @@ def test_build_summary_has_one_line_per_engine_with_reason_and_remedy():
     assert len(lines) == 4
 
 
+def test_setup_py_and_the_package_share_one_install_command_version_parse_and_engine_summary():
+    from torch_kvswap import _build_shared, envreport
+
+    assert setup_py.INSTALL_COMMAND == _loader.INSTALL_COMMAND == "pip install --no-build-isolation ."
+    # setup.py loads the module by its path (it cannot import the package): the same file's functions.
+    for name in ("release", "summary_lines"):
+        assert getattr(setup_py, name).__code__.co_filename == str(ROOT / "torch_kvswap" / "_build_shared.py")
+    assert _loader.release is _build_shared.release and envreport.engine_state is _build_shared.engine_state
+
+
+def test_the_shared_build_module_imports_only_the_standard_library():
+    import ast
+
+    tree = ast.parse((ROOT / "torch_kvswap" / "_build_shared.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported and imported <= set(sys.stdlib_module_names), imported
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("2.13.0+cpu", (2, 13, 0)), ("2.10.0.post4", (2, 10, 0)), ("2.15.0", (2, 15, 0)),
+    ("12.8", (12, 8)), ("70.1.0", (70, 1, 0)), ("2.14.0a0+git1234", (2, 14, 0))])
+def test_release_reads_major_minor_patch_without_the_local_tag(version, expected):
+    assert setup_py.release(version) == expected
+
+
+def test_an_engine_entry_reads_built_with_its_architectures_or_not_built_with_reason_and_remedy():
+    from torch_kvswap._build_shared import engine_state
+
+    assert engine_state("host", {"built": True}) == "built"
+    assert engine_state("cuda", {"built": True}, "9.0;10.0") == "built for 9.0;10.0"
+    assert engine_state("npu", {"built": True}, "9.0") == "built"
+    assert engine_state("npu", {"built": False, "reason": "no torch_npu", "enable": "pip install torch-npu"}) == \
+        "not built: no torch_npu; to enable: pip install torch-npu"
+
+
 def test_this_build_recorded_the_running_torch_and_every_engine():
     info = _loader.build_info()
     assert info is not None, "setup.py writes torch_kvswap/_build_info.json next to the extensions"

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_kvswap
+from helpers import ids, plan_blocks
 from reference import swap_blocks_ref
 
 OP = torch.ops.kvswap.swap_blocks.default
@@ -20,10 +21,6 @@ def random_cache(shape, dtype, seed):
         return torch.randn(shape, generator=g).to(dtype)
     info = torch.iinfo(dtype)
     return torch.randint(info.min, info.max, shape, generator=g, dtype=dtype)
-
-
-def ids(values):
-    return torch.tensor(values, dtype=torch.int64)
 
 
 def layouts(num_blocks, dtype, seed):
@@ -91,7 +88,7 @@ def test_the_last_block_is_in_range_on_both_sides():
     torch_kvswap.swap_blocks(src, dst, ids([4, 0]), ids([2, 0]))
     for got, want in zip(dst, expected):
         assert torch.equal(got, want)
-    assert plan(src, dst, ids([4]), ids([2]))[2] == [16, 16]
+    assert plan_blocks(src, dst, ids([4]), ids([2]))[2] == [16, 16]
 
 
 def test_neighbouring_caches_in_one_buffer_are_distinct_memory():
@@ -128,14 +125,10 @@ def test_non_contiguous_id_tensors():
     assert torch.equal(dst[0], swap_blocks_ref(src, [torch.zeros(8, 4)], ids([1, 2, 3]), ids([6, 7, 0]))[0])
 
 
-def plan(src, dst, src_ids, dst_ids):
-    return [t.tolist() for t in torch.ops.kvswap._plan_swap_blocks(src, dst, src_ids, dst_ids)]
-
-
 def test_runs_of_consecutive_blocks_become_one_descriptor():
     src, dst = torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 32, dtype=torch.uint8)
     s, d = src.data_ptr(), dst.data_ptr()
-    got = plan([src], [dst], ids([4, 5, 6, 9, 10]), ids([0, 1, 2, 3, 7]))
+    got = plan_blocks([src], [dst], ids([4, 5, 6, 9, 10]), ids([0, 1, 2, 3, 7]))
     # [4,5,6]->[0,1,2] is one run; 9->3 and 10->7 are not consecutive on the destination.
     assert got == [[s + 4 * 32, s + 9 * 32, s + 10 * 32], [d, d + 3 * 32, d + 7 * 32], [96, 32, 32]]
 
@@ -145,14 +138,14 @@ def test_host_copies_are_issued_in_source_address_order():
     # and lets runs merge that were split in the caller's order.
     src, dst = torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 32, dtype=torch.uint8)
     s, d = src.data_ptr(), dst.data_ptr()
-    got = plan([src], [dst], ids([9, 4, 5, 0]), ids([1, 6, 7, 12]))
+    got = plan_blocks([src], [dst], ids([9, 4, 5, 0]), ids([1, 6, 7, 12]))
     assert got == [[s, s + 4 * 32, s + 9 * 32], [d + 12 * 32, d + 6 * 32, d + 32], [32, 64, 32]]
 
 
 def test_sparse_ids_in_a_large_cache_are_ordered_too():
     src, dst = [random_cache((1000, 8), torch.float32, 9)], [torch.zeros(1000, 8)]
     src_ids, dst_ids = ids([900, 3, 500]), ids([0, 999, 10])
-    got = plan(src, dst, src_ids, dst_ids)
+    got = plan_blocks(src, dst, src_ids, dst_ids)
     assert got[0] == [src[0].data_ptr() + b * 32 for b in (3, 500, 900)]
     expected = swap_blocks_ref(src, dst, src_ids, dst_ids)
     torch_kvswap.swap_blocks(src, dst, src_ids, dst_ids)
@@ -162,11 +155,11 @@ def test_sparse_ids_in_a_large_cache_are_ordered_too():
 def test_strided_caches_get_one_descriptor_per_block():
     stacked = torch.zeros(8, 2, 16, dtype=torch.uint8)  # halves have a 32-byte dim-0 stride
     dst = torch.zeros(8, 16, dtype=torch.uint8)
-    got = plan([stacked[:, 1]], [dst], ids([0, 1]), ids([0, 1]))
+    got = plan_blocks([stacked[:, 1]], [dst], ids([0, 1]), ids([0, 1]))
     base = stacked.data_ptr() + 16
     assert got == [[base, base + 32], [dst.data_ptr(), dst.data_ptr() + 16], [16, 16]]
     # The same with the strided cache as the destination.
-    got = plan([dst], [stacked[:, 1]], ids([0, 1]), ids([0, 1]))
+    got = plan_blocks([dst], [stacked[:, 1]], ids([0, 1]), ids([0, 1]))
     assert got == [[dst.data_ptr(), dst.data_ptr() + 16], [base, base + 32], [16, 16]]
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import torch_kvswap
 from torch_kvswap import Direction
+from helpers import plan_batch
 from reference import copy_bytes_ref
 
 OP = torch.ops.kvswap.swap_blocks_batch.default
@@ -101,26 +102,22 @@ def test_non_contiguous_descriptor_tensors_are_read_by_stride():
     assert torch.equal(dst[200:240], src[100:140])
 
 
-def plan(sp, dp, sz, direction=0):
-    return [t.tolist() for t in torch.ops.kvswap._plan_swap_blocks_batch(sp, dp, sz, direction)]
-
-
 def test_adjacent_descriptors_are_merged():
     base_s, base_d = 1 << 20, 1 << 30
     # Three contiguous on both sides, then a break on the destination side.
-    got = plan(*descriptors([base_s, base_s + 64, base_s + 128, base_s + 192],
-                            [base_d, base_d + 64, base_d + 128, base_d + 4096],
-                            [64, 64, 64, 64]))
+    got = plan_batch(*descriptors([base_s, base_s + 64, base_s + 128, base_s + 192],
+                                  [base_d, base_d + 64, base_d + 128, base_d + 4096],
+                                  [64, 64, 64, 64]))
     assert got == [[base_s, base_s + 192], [base_d, base_d + 4096], [192, 64]]
 
 
 def test_descriptors_continuing_only_on_one_side_are_not_merged():
-    got = plan(*descriptors([4096, 4096 + 64], [1 << 20, (1 << 20) + 128], [64, 64]))
+    got = plan_batch(*descriptors([4096, 4096 + 64], [1 << 20, (1 << 20) + 128], [64, 64]))
     assert got == [[4096, 4096 + 64], [1 << 20, (1 << 20) + 128], [64, 64]]
 
 
 def test_merging_skips_zero_byte_entries_between_runs():
-    got = plan(*descriptors([4096, 0, 4096 + 64], [1 << 20, 0, (1 << 20) + 64], [64, 0, 64]))
+    got = plan_batch(*descriptors([4096, 0, 4096 + 64], [1 << 20, 0, (1 << 20) + 64], [64, 0, 64]))
     assert got == [[4096], [1 << 20], [128]]
 
 
@@ -130,8 +127,8 @@ def test_host_route_orders_large_descriptors_by_source_and_merges_what_that_join
     # into one run on both sides.
     block, base_s, base_d = 8192, 1 << 30, 1 << 40
     order = list(reversed(range(6)))
-    got = plan(*descriptors([base_s + i * block for i in order], [base_d + i * block for i in order],
-                            [block] * 6))
+    got = plan_batch(*descriptors([base_s + i * block for i in order], [base_d + i * block for i in order],
+                                  [block] * 6))
     assert got == [[base_s], [base_d], [6 * block]]
 
 
@@ -144,7 +141,7 @@ def test_host_route_sort_is_a_permutation_of_the_callers_descriptors(id_space):
     src_ids, dst_ids = rng.choice(id_space, size=n, replace=False), rng.permutation(n)
     src = (1 << 32) + src_ids * block
     dst = (1 << 44) + dst_ids * block
-    got_s, got_d, got_z = plan(*descriptors(src, dst, [block] * n))
+    got_s, got_d, got_z = plan_batch(*descriptors(src, dst, [block] * n))
     assert got_s == sorted(got_s)
     # Runs may merge; expanded back to blocks, the pairs are the caller's.
     pairs = {(s + k, d + k) for s, d, z in zip(got_s, got_d, got_z) for k in range(0, z, block)}
@@ -155,7 +152,7 @@ def test_host_route_sorts_sources_spread_wider_than_32_bits_of_alignment():
     # Byte-aligned sources terabytes apart: the comparison-sort path.
     src = [(1 << 45) + 1, (1 << 40) + 3, (1 << 42) + 7]
     dst = [1 << 30, (1 << 30) + 65536, (1 << 30) + 131072]
-    got = plan(*descriptors(src, dst, [20000] * 3))
+    got = plan_batch(*descriptors(src, dst, [20000] * 3))
     assert got == [[src[1], src[2], src[0]], [dst[1], dst[2], dst[0]], [20000] * 3]
 
 
@@ -163,7 +160,7 @@ def test_host_route_keeps_the_callers_order_for_small_descriptors():
     # Below 8 KiB per descriptor on average sorting costs what it saves.
     src = [(1 << 30) + 4096 * i for i in (5, 1, 3)]
     dst = [(1 << 40) + 4096 * i for i in (0, 2, 4)]
-    assert plan(*descriptors(src, dst, [4096] * 3)) == [src, dst, [4096] * 3]
+    assert plan_batch(*descriptors(src, dst, [4096] * 3)) == [src, dst, [4096] * 3]
 
 
 @pytest.mark.parametrize("mode", HOST_COPY_MODES)

@@ -305,22 +305,6 @@ def test_the_stream_path_waits_then_copies_then_records_inside_the_stream(monkey
 # -- CUDA engine on the fake CUDA runtime -----------------------------------------
 
 
-@pytest.fixture
-def fake_cuda():
-    try:
-        import torch_kvswap._fake_cuda  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
-        pytest.skip(f"torch_kvswap._fake_cuda is not built ({exc})")
-    F = torch.ops.kvswap_fake_cuda
-    F.install()
-    F.reset(1)
-    try:
-        yield F
-    finally:
-        torch_kvswap.set_copy_method("auto")
-        F.uninstall()
-
-
 class FakeCudaStream:
     """What the backend uses of a torch.cuda.Stream (context manager,
     wait_event, record_event, synchronize), over a stream of the fake runtime;

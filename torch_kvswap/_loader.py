@@ -2,8 +2,10 @@
 
 The core ``_C`` holds every schema, the validation and the host engine; without
 it the package cannot work, so a missing build is an ImportError that says how
-to build. Each accelerator engine is a separate extension that registers one
-kernel (``kvswap::_submit``) for its dispatch key. A missing or broken engine
+to build. Each accelerator engine is a separate extension that registers its
+kernels for its dispatch key: ``kvswap::_submit`` and the few others an engine
+provides (host registration, capture query, report; five kernels for the
+Ascend engine, six for CUDA). A missing or broken engine
 never breaks the import: it is recorded in :data:`ENGINE_ERRORS` and the ops
 raise a clear error only when a copy actually needs that engine.
 """
@@ -13,14 +15,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import re
 import sys
 import warnings
 from pathlib import Path
 
 import torch
 
-INSTALL_COMMAND = "pip install --no-build-isolation ."
+from ._build_shared import INSTALL_COMMAND, release
 
 BUILD_HINT = (
     "torch_kvswap's compiled core (torch_kvswap._C) is not built. Build it against the "
@@ -56,10 +57,6 @@ def unrecorded_extensions(info: dict, package_dir: Path = PACKAGE_DIR) -> list[s
                   if p.suffix in (".so", ".pyd") and p.name.split(".", 1)[0] not in built)
 
 
-def _release(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
-
-
 def is_source_tree(package_dir: Path) -> bool:
     """Whether `package_dir` is the package folder of a clone (built in place)
     rather than an installed copy: setup.py and csrc/ sit beside it."""
@@ -90,7 +87,7 @@ def check_built_against(built: str, running: str, package_dir: Path | None = Non
     torch release than the one running: torch's C++ ABI changes between
     releases, and loading them would fail with an undefined symbol, or worse.
     The message names the folder the package came from and the fix for it."""
-    if _release(built) != _release(running):
+    if release(built) != release(running):
         raise ImportError(
             f"torch_kvswap was built against torch {built}, but torch {running} is installed; "
             "its compiled extensions only load under the torch they were built with. "

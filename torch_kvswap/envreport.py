@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from . import ENGINES, _loader
+from ._build_shared import engine_state
 
 ENGINE_MODULES = {"host": "torch_kvswap._C", "cuda": "torch_kvswap._C_cuda", "npu": "torch_kvswap._C_npu"}
 
@@ -113,7 +114,7 @@ def engine_rows() -> list[tuple[str, str]]:
         elif module in _loader.ENGINE_ERRORS:
             state = f"built, not loadable: {_loader.ENGINE_ERRORS[module]}"
         elif entry and not entry.get("built"):
-            state = f"not built: {entry.get('reason')}; to enable: {entry.get('enable')}"
+            state = engine_state(key, entry)
         else:
             state = "not built"
         rows.append((f"engine {key}", state))

@@ -6,7 +6,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 // CUDA builds of torch ship c10/cuda complete; CPU builds (CI's compile
 // check) lack its generated config header. Needed only where c10::Stream
-// has no native_handle() (torch 2.6, for one).
+// has no native_handle(): torch 2.10, the oldest release setup.py accepts,
+// lacks it (its c10/core/Stream.h).
 #if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
 #include <c10/cuda/CUDAStream.h>
 #define KVSWAP_HAVE_C10_CUDA 1
@@ -33,8 +34,9 @@ bool large_params_built();
 namespace {
 
 // The cudaStream_t behind a c10::Stream: c10::Stream::native_handle() where
-// torch has it (recent releases); otherwise (torch 2.6, for one) through
-// c10_cuda's stream pool.
+// torch has it (recent releases); otherwise through c10_cuda's stream pool.
+// Not dead code: torch 2.10, the oldest declared release, has no
+// native_handle() (its c10/core/Stream.h), so its CUDA builds take this path.
 template <typename S>
 auto native_stream(const S& stream, int) -> decltype(stream.native_handle()) {
   return stream.native_handle();

@@ -72,8 +72,8 @@ MUTANTS = [
         name="ascend-attrs-per-descriptor",
         file="csrc/ascend/ascend_engine.cpp",
         find="        &attr, &attr_index, 1, &fail_index, stream);",
-        replace="        BatchAttrs<MemcpyBatchAttr>::per_descriptor(static_cast<int64_t>(n), attr)->attrs.data(),\n"
-                "        BatchAttrs<MemcpyBatchAttr>::per_descriptor(static_cast<int64_t>(n), attr)->indexes.data(),\n"
+        replace="        std::vector<MemcpyBatchAttr>(n, attr).data(),\n"
+                "        [n] { std::vector<size_t> i(n); for (size_t k = 0; k < n; ++k) i[k] = k; return i; }().data(),\n"
                 "        n + 0 * attr_index, &fail_index, stream);",
         tests=FAKE,
         why="finding 6: one attrs entry per descriptor instead of one with index 0 "

@@ -36,8 +36,9 @@ MUTANTS = [
         name="cuda-batch-attrs-per-descriptor",
         file="csrc/cuda/cuda_engine.cpp",
         find="&args->attr, &args->index, 1, &fail_index, stream);",
-        replace="BatchAttrs<cudaMemcpyAttributes>::per_descriptor(b.count, args->attr)->attrs.data(),\n"
-                "BatchAttrs<cudaMemcpyAttributes>::per_descriptor(b.count, args->attr)->indexes.data(),\n"
+        replace="std::vector<cudaMemcpyAttributes>(static_cast<size_t>(b.count), args->attr).data(),\n"
+                "[&b] { std::vector<size_t> i(static_cast<size_t>(b.count)); "
+                "for (size_t k = 0; k < i.size(); ++k) i[k] = k; return i; }().data(),\n"
                 "static_cast<size_t>(b.count), &fail_index, stream);",
         tests=[FAKE + "::test_finding_3_one_attrs_entry_with_index_zero"],
         why="review finding 3: one attrs entry and one index per descriptor, built on every call",

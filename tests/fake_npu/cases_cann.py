@@ -7,12 +7,15 @@ engine relies on: docs/ascend.md."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+import npu_cases
 import torch_kvswap
 from npu_cases import (FEATURE_NOT_SUPPORT, MEMCPY_HOST_TO_DEVICE, RT_PARAM_INVALID, aligned_host_buffer,
-                       device_blocks, host_blocks)
+                       device_blocks, host_blocks, scattered)
 from npu_cases import fake  # noqa: F401 - the fixture
 
 BLOCK = 256
@@ -21,6 +24,7 @@ H2D_ATTR = (DEVICE, 0, HOST, 0, 0)  # (dst type, dst id, src type, src id, rsv b
 NO_STREAM_RESOURCE = 207008
 HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED = 507910, 507911
 NPU = "npu:0"
+pointer_copy = functools.partial(npu_cases.pointer_copy, block=BLOCK)
 
 
 def raw(fake, host, dev, n, dst_index=None):
@@ -32,20 +36,9 @@ def raw(fake, host, dev, n, dst_index=None):
                           [host.data_ptr() + BLOCK * i for i in range(n)], sizes, [H2D_ATTR], [0], 1)
 
 
-def pointer_copy(src, dst, pairs, code, block=BLOCK):
-    sp = torch.tensor([src.data_ptr() + s * block for s, _ in pairs])
-    dp = torch.tensor([dst.data_ptr() + d * block for _, d in pairs])
-    torch_kvswap.swap_blocks_batch(sp, dp, torch.full((len(pairs),), block), code)
-
-
 def pinned(t):
     """kvswap::_host_pinned as the Ascend engine answers it."""
     return torch.ops.kvswap._host_pinned.default._op_dk("PrivateUse1", t, NPU)
-
-
-def scattered(n):
-    """n (src, dst) block pairs that no merge can join: blocks 0, 2, 4, ..."""
-    return [(2 * i, 2 * i) for i in range(n)]
 
 
 def warm_up(src, dst):

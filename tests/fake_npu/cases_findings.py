@@ -5,26 +5,19 @@ holds the reverts and checks that.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+import npu_cases
 import torch_kvswap
 from npu_cases import (FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, aligned_host_buffer, cann, device_blocks,
-                       host_blocks)
+                       host_blocks, scattered)
 from npu_cases import fake  # noqa: F401 - the fixture
 
 BLOCK = 2048
-
-
-def pointer_copy(src, dst, pairs, code, block=BLOCK):
-    sp = torch.tensor([src.data_ptr() + s * block for s, _ in pairs])
-    dp = torch.tensor([dst.data_ptr() + d * block for _, d in pairs])
-    torch_kvswap.swap_blocks_batch(sp, dp, torch.full((len(pairs),), block), code)
-
-
-def scattered(n):
-    """n (src, dst) block pairs that no merge can join."""
-    return [(2 * i, 2 * i) for i in range(n)]
+pointer_copy = functools.partial(npu_cases.pointer_copy, block=BLOCK)
 
 
 # 1. The batch API is looked up at run time: a CANN without it still copies.

@@ -2,7 +2,7 @@
 
 These cases run only in the child pytest that tests/test_ascend_fake.py
 starts: loading the fake backend makes ``npu`` torch's accelerator for the
-whole process. Importing this file loads nothing. (Not a conftest.py: the
+whole process. Importing this file loads no fake runtime. (Not a conftest.py: the
 parent suite imports tests/conftest.py as ``conftest``.)
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import torch_kvswap
 
 ABSENT_8_0 = ["aclrtMemcpyBatchAsync", "aclrtHostRegisterV2", "aclmdlRICaptureGetInfo",
               "aclmdlRICaptureBegin"]  # CANN 8.0-like: none of the newer functions
@@ -51,3 +53,16 @@ def aligned_host_buffer(nbytes):
     raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
     off = (-raw.data_ptr()) % 4096
     return raw[off:off + nbytes]
+
+
+def pointer_copy(src, dst, pairs, code, *, block):
+    """kvswap::swap_blocks_batch, direction `code`, of `block`-byte blocks:
+    block s of `src` to block d of `dst` for each (s, d) of `pairs`."""
+    sp = torch.tensor([src.data_ptr() + s * block for s, _ in pairs])
+    dp = torch.tensor([dst.data_ptr() + d * block for _, d in pairs])
+    torch_kvswap.swap_blocks_batch(sp, dp, torch.full((len(pairs),), block), code)
+
+
+def scattered(n):
+    """n (src, dst) block pairs that no merge can join: blocks 0, 2, 4, ..."""
+    return [(2 * i, 2 * i) for i in range(n)]

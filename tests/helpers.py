@@ -1,0 +1,31 @@
+"""Small helpers shared by the test files: id tensors and the ops' dry runs.
+
+Imported as ``helpers`` (pytest puts tests/ on the path, as for
+``reference`` and ``fake_device``); fixtures live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def ids(values) -> torch.Tensor:
+    """A 1-D int64 CPU tensor of block ids (or addresses, sizes)."""
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def _as_ids(v) -> torch.Tensor:
+    return v if isinstance(v, torch.Tensor) else ids(v)
+
+
+def plan_blocks(src_caches, dst_caches, src_ids, dst_ids) -> list[list[int]]:
+    """The descriptors kvswap::swap_blocks would submit, as [src, dst, sizes] lists."""
+    return [t.tolist() for t in torch.ops.kvswap._plan_swap_blocks(src_caches, dst_caches, src_ids, dst_ids)]
+
+
+def plan_batch(src_ptrs, dst_ptrs, sizes, direction=0) -> list[list[int]]:
+    """The descriptors kvswap::swap_blocks_batch would submit, as [src, dst,
+    sizes] lists; the three columns are tensors, or lists made int64 tensors."""
+    planned = torch.ops.kvswap._plan_swap_blocks_batch.default(
+        _as_ids(src_ptrs), _as_ids(dst_ptrs), _as_ids(sizes), int(direction))
+    return [t.tolist() for t in planned]
