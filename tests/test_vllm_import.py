@@ -65,6 +65,14 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
             setattr(self, count_attr, 4)
 
     spec = module("vllm.v1.kv_offload.cpu.spec", CPUOffloadingSpec=CPUOffloadingSpec)
+
+    class TieringOffloadingSpec(CPUOffloadingSpec):  # vLLM's tiering spec: chunks of one block by default
+        def __init__(self, config):
+            super().__init__(config)
+            self.blocks_per_chunk = int(config.extra_config.get("blocks_per_chunk", 1))
+
+    tiering = module("vllm.v1.kv_offload.tiering.spec", TieringOffloadingSpec=TieringOffloadingSpec)
+    module("vllm.v1.kv_offload.tiering", spec=tiering)
     module("vllm.v1.kv_offload.cpu", spec=spec)
     module("vllm.v1.kv_offload", base=base)
     module("vllm.v1")
@@ -229,6 +237,87 @@ def test_offloaders_on_one_shared_region_see_each_others_bytes():
         b.shutdown()
     with pytest.raises(ValueError, match=r"shared host region has 8191 bytes; 4 chunks of this worker need 8192"):
         cls(caches[0], 1, 2, 4, kv_stacked=False, host_buffer=region[:8191])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"blocks_per_chunk": 2}, r"^KVSwapTieringOffloadingSpec supports one device block per chunk only "
+                              r"\(blocks_per_chunk 1, or block_size equal to the engine's block size\); "
+                              r"kv_connector_extra_config blocks_per_chunk=2 gives 2$"),
+    ({"kvswap_check": True}, r"^KVSwapTieringOffloadingSpec does not support kv_connector_extra_config key "
+                             r"'kvswap_check' \(checked mode\): chunks promoted from a secondary tier"),
+    ({"kvswap_check": False}, r"key 'kvswap_check' \(checked mode\)"),
+    ({"canonical_layout": True}, r"^KVSwapTieringOffloadingSpec does not support canonical_layout"),
+    ({"secondary_tiers": [], "zz": 1}, r"^KVSwapTieringOffloadingSpec does not support "
+                                       r"kv_connector_extra_config keys \['zz'\]"),
+])
+def test_the_tiering_spec_refuses_unsupported_configuration_when_built(monkeypatch, extra, message):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    spec_cls = offloading.build()["KVSwapTieringOffloadingSpec"]
+    with pytest.raises(ValueError, match=message):
+        spec_cls(SimpleNamespace(extra_config={"cpu_bytes_to_use": 1, **extra}, canonical_layout=False))
+    ok = spec_cls(SimpleNamespace(extra_config={"cpu_bytes_to_use": 1, "secondary_tiers": [],
+                                                "blocks_per_chunk": 1}, canonical_layout=False))
+    assert ok.blocks_per_chunk == 1 and ok.num_chunks == 4
+    assert plugin.KVSwapTieringOffloadingSpec is spec_cls
+
+
+class StandinRegion:
+    """vLLM's SharedOffloadRegion as its worker side hands out views, written
+    out: `chunks` rows of `ranks * slot` bytes; each create_next_worker_view
+    call takes the next `page` bytes of this rank's slot, in every row."""
+
+    def __init__(self, chunks, ranks, slot, rank):
+        self.base_tensor = torch.zeros(chunks * ranks * slot, dtype=torch.int8)
+        self.rows = self.base_tensor.view(chunks, ranks * slot)
+        self.next = rank * slot
+        self.cleaned = False
+
+    def create_next_worker_view(self, page):
+        view = self.rows[:, self.next:self.next + page]
+        self.next += page
+        return view
+
+    def cleanup(self):
+        self.cleaned = True
+
+
+def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    worker_cls = offloading.build()["KVSwapOffloadingWorker"]
+    pages, widths = [1024, 1024, 512], [1024, 700, 512]
+    caches = [torch.randint(-99, 99, (8, p), dtype=torch.int8) for p in pages]
+    kv = SimpleNamespace(tensors=[SimpleNamespace(tensor=t, page_size_bytes=p) for t, p in zip(caches, pages)],
+                         group_data_refs=[[SimpleNamespace(tensor_idx=i, page_size_bytes=w)
+                                           for i, w in enumerate(widths)]])
+    region = StandinRegion(chunks=5, ranks=2, slot=4096, rank=1)
+    worker = worker_cls(kv, 1, 5, tiering_region=region, slot_bytes=4096)
+    try:
+        assert worker.offloader._checks is None and not worker.offloader.strict
+        worker.offloader.store(1, [6, 2], [4, 0])
+        worker.wait({1})
+        assert [r.success for r in worker.get_finished()] == [True]
+        for chunk, block in ((4, 6), (0, 2)):
+            row, off = region.rows[chunk], 4096  # rank 1's slot
+            for t, p, w in zip(caches, pages, widths):
+                assert torch.equal(row[off:off + w], t[block, :w])
+                assert not row[off + w:off + p].any()
+                off += p
+            assert not row[:4096].any() and not row[off:].any()
+        assert not region.rows[[1, 2, 3]].any()
+        region.rows[3, 4096:4096 + 1024] = 7  # a promotion writes chunk 3
+        worker.offloader.load(2, [3], [1])
+        worker.wait({2})
+        assert [r.success for r in worker.get_finished()] == [True]
+        assert (caches[0][1] == 7).all()
+    finally:
+        worker.shutdown()
+    assert region.cleaned
+    with pytest.raises(ValueError, match=r"^this rank's slot of the shared host region has 2048 bytes per "
+                                         r"chunk; the cache tensors' pages need 2560$"):
+        worker_cls(kv, 1, 5, tiering_region=StandinRegion(5, 1, 2048, 0), slot_bytes=2048)
+    with pytest.raises(ValueError, match=r"^the chunk-major host layout holds one device block per chunk, "
+                                         r"got 2 blocks per chunk$"):
+        worker_cls(kv, 2, 2, tiering_region=StandinRegion(5, 1, 8192, 0), slot_bytes=8192)
 
 
 def standin_caches():
