@@ -320,6 +320,33 @@ def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(m
         worker_cls(kv, 2, 2, tiering_region=StandinRegion(5, 1, 8192, 0), slot_bytes=8192)
 
 
+@pytest.mark.parametrize("replicated, rank", [(False, 1), (True, 0)])
+def test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does(monkeypatch, replicated, rank):
+    # vLLM's TieringOffloadingSpec.create_worker: the rank's slot (slot 0
+    # under the replicated layout), no barrier (a barrier would unlink the
+    # file the scheduler's map of it still needs), the release's names.
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    made = []
+
+    class SharedOffloadRegion:
+        def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size, barrier=None,
+                     *, num_segments=1, populate_shard=None):
+            made.append(dict(engine_id=engine_id, num_chunks=num_chunks, rank=rank, row=kv_bytes_per_chunk,
+                             slot=cpu_page_size, barrier=barrier, num_segments=num_segments,
+                             populate_shard=populate_shard))
+
+    module = types.ModuleType("vllm.v1.kv_offload.cpu.shared_offload_region")
+    module.SharedOffloadRegion = SharedOffloadRegion
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    spec = offloading.build()["KVSwapTieringOffloadingSpec"](SimpleNamespace(
+        extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False, engine_id="e7",
+        parallel=SimpleNamespace(rank=1, world_size=2)))
+    spec.kv_bytes_per_chunk, spec.cpu_page_size_per_worker, spec.replicated_layout = 8192, 4096, replicated
+    offloading._tiering_region(spec)
+    assert made == [dict(engine_id="e7", num_chunks=4, rank=rank, row=8192, slot=4096, barrier=None,
+                         num_segments=1, populate_shard=None)]
+
+
 def standin_caches():
     caches = [torch.randn(8, 256) for _ in range(2)]
     kv = SimpleNamespace(tensors=[SimpleNamespace(tensor=t, page_size_bytes=1024) for t in caches],
