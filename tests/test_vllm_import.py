@@ -28,7 +28,7 @@ def test_without_vllm_the_plugin_classes_raise_a_clear_import_error():
         plugin.KVSwapSimpleCPUOffloadConnector  # noqa: B018
 
 
-def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks"):
+def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks", tiering=True):
     """Installs a fake vllm `version` whose OffloadingWorker.submit_load takes
     `submit_load_params` (None: vLLM 0.24's OffloadingHandler interface instead);
     its CPUOffloadingSpec sets its host chunk count as `count_attr`."""
@@ -71,8 +71,11 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
             super().__init__(config)
             self.blocks_per_chunk = int(config.extra_config.get("blocks_per_chunk", 1))
 
-    tiering = module("vllm.v1.kv_offload.tiering.spec", TieringOffloadingSpec=TieringOffloadingSpec)
-    module("vllm.v1.kv_offload.tiering", spec=tiering)
+    if tiering:
+        tiering = module("vllm.v1.kv_offload.tiering.spec", TieringOffloadingSpec=TieringOffloadingSpec)
+        module("vllm.v1.kv_offload.tiering", spec=tiering)
+    else:  # a vLLM build without tiered offloading
+        monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.tiering", None)
     module("vllm.v1.kv_offload.cpu", spec=spec)
     module("vllm.v1.kv_offload", base=base)
     module("vllm.v1")
@@ -315,6 +318,9 @@ def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(m
     with pytest.raises(ValueError, match=r"^this rank's slot of the shared host region has 2048 bytes per "
                                          r"chunk; the cache tensors' pages need 2560$"):
         worker_cls(kv, 1, 5, tiering_region=StandinRegion(5, 1, 2048, 0), slot_bytes=2048)
+    with pytest.raises(ValueError, match=r"^the shared host region's view is \(3, 1024\); 5 chunks of 1024 "
+                                         r"bytes are needed$"):
+        worker_cls(kv, 1, 5, tiering_region=StandinRegion(3, 1, 4096, 0), slot_bytes=4096)
     with pytest.raises(ValueError, match=r"^the chunk-major host layout holds one device block per chunk, "
                                          r"got 2 blocks per chunk$"):
         worker_cls(kv, 2, 2, tiering_region=StandinRegion(5, 1, 8192, 0), slot_bytes=8192)
@@ -345,6 +351,61 @@ def test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does(monkeypat
     offloading._tiering_region(spec)
     assert made == [dict(engine_id="e7", num_chunks=4, rank=rank, row=8192, slot=4096, barrier=None,
                          num_segments=1, populate_shard=None)]
+    spec.config = SimpleNamespace(engine_id="e7")  # a release whose OffloadingConfig has no rank
+    with pytest.raises(compat.UnsupportedVLLM, match=r"^KVSwapTieringOffloadingSpec needs the worker's rank "
+                                                     r"in vLLM's OffloadingConfig \(config\.parallel\.rank, "
+                                                     r"vLLM 0\.32 and 0\.33\); vLLM 0\.33\.0 here has no "
+                                                     r"config\.parallel$"):
+        offloading._tiering_region(spec)
+
+
+def test_without_vllms_tiering_the_tiering_spec_is_an_import_error_naming_the_release(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0", tiering=False)
+    assert "KVSwapOffloadingSpec" in offloading.build()
+    with pytest.raises(ImportError, match=r"^KVSwapTieringOffloadingSpec needs vLLM's tiered offloading "
+                                          r"\(vllm\.v1\.kv_offload\.tiering\), which vLLM 0\.33\.0 here "
+                                          r"does not have$"):
+        plugin.KVSwapTieringOffloadingSpec  # noqa: B018
+
+
+def test_the_tiering_specs_get_worker_builds_the_worker_on_its_region_and_frees_it_on_failure(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    regions = []
+
+    class SharedOffloadRegion(StandinRegion):
+        def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size):
+            super().__init__(num_chunks, kv_bytes_per_chunk // cpu_page_size, cpu_page_size, rank)
+            regions.append(self)
+
+    module = types.ModuleType("vllm.v1.kv_offload.cpu.shared_offload_region")
+    module.SharedOffloadRegion = SharedOffloadRegion
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    def spec(slot):
+        s = offloading.build()["KVSwapTieringOffloadingSpec"](SimpleNamespace(
+            extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False, engine_id="e8",
+            parallel=SimpleNamespace(rank=0, world_size=1)))
+        s.kv_bytes_per_chunk, s.cpu_page_size_per_worker, s.replicated_layout = slot, slot, False
+        return s
+
+    caches, kv = standin_caches()  # two tensors of 1024-byte pages
+    worker = spec(2048).get_worker(kv)
+    try:
+        assert type(worker).__name__ == "KVSwapOffloadingWorker" and worker.shared_region is regions[0]
+        assert worker.offloader.host_tensors[1].data_ptr() == regions[0].base_tensor.data_ptr() + 1024
+        assert worker.offloader.num_host_blocks == 4
+    finally:
+        worker.shutdown()
+    assert regions[0].cleaned
+    with pytest.raises(ValueError, match=r"slot of the shared host region has 1024 bytes per chunk"):
+        spec(1024).get_worker(kv)
+    assert regions[1].cleaned  # a worker that failed frees its map
+    empty = spec(2048)
+    empty.num_chunks = 0
+    with pytest.raises(ValueError, match=r"^cpu_bytes_to_use in kv_connector_extra_config holds no chunk of "
+                                         r"this model's KV cache \(1 block of every cache tensor\): raise it$"):
+        empty.get_worker(kv)
+    assert len(regions) == 2  # no region for no chunk
 
 
 def standin_caches():

@@ -298,8 +298,8 @@ MUTANTS = [
     dict(
         name="vllm-tiering-region-slot-zero",
         file=_OFF,
-        find="else int(parallel.rank)\n",
-        replace="else 0\n",
+        find='0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)\n',
+        replace="0\n",
         tests=[_I + "test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does"],
         why="without the replicated layout each rank has its own slot of the row",
     ),

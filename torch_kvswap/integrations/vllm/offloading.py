@@ -155,7 +155,14 @@ def _tiering_region(spec: Any) -> Any:
     count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
     row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
     parallel = getattr(spec.config, "parallel", None)
-    rank = 0 if getattr(spec, "replicated_layout", False) or parallel is None else int(parallel.rank)
+    if parallel is None:
+        import vllm
+
+        from .compat import UnsupportedVLLM
+        raise UnsupportedVLLM(f"KVSwapTieringOffloadingSpec needs the worker's rank in vLLM's "
+                              f"OffloadingConfig (config.parallel.rank, vLLM 0.32 and 0.33); "
+                              f"vLLM {vllm.__version__} here has no config.parallel")
+    rank = 0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)
     return SharedOffloadRegion(engine_id=spec.config.engine_id, **{count: _host_chunks(spec)},
                                rank=rank, **{row: spec.kv_bytes_per_chunk},
                                cpu_page_size=spec.cpu_page_size_per_worker)
