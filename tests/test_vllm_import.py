@@ -75,7 +75,8 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
         tiering = module("vllm.v1.kv_offload.tiering.spec", TieringOffloadingSpec=TieringOffloadingSpec)
         module("vllm.v1.kv_offload.tiering", spec=tiering)
     else:  # a vLLM build without tiered offloading
-        monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.tiering", None)
+        for name in ("vllm.v1.kv_offload.tiering", "vllm.v1.kv_offload.tiering.spec"):
+            monkeypatch.setitem(sys.modules, name, None)
     module("vllm.v1.kv_offload.cpu", spec=spec)
     module("vllm.v1.kv_offload", base=base)
     module("vllm.v1")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_vllm_engine import (BLOCK, MODEL, MODULE, PARAMS, Recorder, close, connector,  # noqa: I001
+from test_vllm_engine import (BLOCK, MODEL, MODULE, PARAMS, Recorder, close, connector,
                               counters, engine)
 
 from vllm import SamplingParams
