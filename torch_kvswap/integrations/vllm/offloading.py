@@ -30,7 +30,7 @@ import torch
 
 from .compat import CHECK_KEY, apply_check_option, check_vllm
 
-__all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG"]
+__all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG", "SUPPORTED_TIERING_EXTRA_CONFIG"]
 
 #: ``kv_connector_extra_config`` keys the spec accepts: vLLM's
 #: ``OffloadingConnector`` and CPU offloading keys that leave the worker's
@@ -41,6 +41,13 @@ SUPPORTED_EXTRA_CONFIG = frozenset({
     "offload_prompt_only", "backpressure", "enable_telemetry", "self_describing_kv_events",
     "sync_load_budget_bytes", "tier_poll_interval_s", CHECK_KEY,
 })
+
+#: ``kv_connector_extra_config`` keys ``KVSwapTieringOffloadingSpec`` accepts:
+#: those of :data:`SUPPORTED_EXTRA_CONFIG` and vLLM's ``secondary_tiers``,
+#: less ``kvswap_check`` (refused with its own error: chunks promoted from a
+#: secondary tier are written by vLLM's scheduler, not by a store this
+#: package saw, and checked mode would refuse to load them).
+SUPPORTED_TIERING_EXTRA_CONFIG = (SUPPORTED_EXTRA_CONFIG - {CHECK_KEY}) | {"secondary_tiers"}
 
 
 class TransferFailed(RuntimeError):
@@ -87,6 +94,88 @@ def _shared_region_offloader() -> type:
             return region, region, mirrors
 
     return SharedRegionOffloader
+
+
+def _chunk_major_offloader() -> type:
+    from ...handler import KVCacheOffloader
+
+    class ChunkMajorOffloader(KVCacheOffloader):
+        """A :class:`KVCacheOffloader` whose mirrors are this rank's slot of
+        vLLM's ``SharedOffloadRegion`` in vLLM's own chunk-major layout: row
+        ``c`` of the region is host chunk ``c``; in it, this rank's slot
+        starts at ``rank * cpu_page_size`` and holds every cache tensor's
+        page back to back (``region.create_next_worker_view(page)`` per
+        tensor, as vLLM's CPU worker takes them). Each mirror is the first
+        ``width`` bytes of its tensor's page, with the region's row stride,
+        so chunk ``c`` of every mirror lies inside ``primary_kv_view[c]``,
+        the bytes vLLM's secondary tiers read and write. One device block
+        per chunk only (``factor`` 1): a mirror row is then a chunk row."""
+
+        def __init__(self, *args: Any, region: Any, pages: list[int], slot_bytes: int,
+                     **kw: Any) -> None:
+            self._region, self._pages, self._slot_bytes = region, pages, slot_bytes
+            super().__init__(*args, **kw)
+
+        def _allocate_mirrors(self, pin: bool):
+            region, self._region = self._region, None  # the region's views are held by its owner
+            if self.factor != 1:
+                raise ValueError(f"the chunk-major host layout holds one device block per chunk, "
+                                 f"got {self.factor} blocks per chunk")
+            if sum(self._pages) > self._slot_bytes:
+                raise ValueError(f"this rank's slot of the shared host region has {self._slot_bytes} "
+                                 f"bytes per chunk; the cache tensors' pages need {sum(self._pages)}")
+            mirrors = []
+            for t, page in zip(self.device_tensors, self._pages):
+                view = region.create_next_worker_view(page)
+                if view.shape[0] < self.num_host_blocks or page < t.shape[1]:
+                    raise ValueError(f"the shared host region's view is {tuple(view.shape)}; "
+                                     f"{self.num_host_blocks} chunks of {t.shape[1]} bytes are needed")
+                mirrors.append(view[:self.num_host_blocks, :t.shape[1]].view(t.dtype))
+            base = region.base_tensor.view(torch.uint8)
+            if pin:
+                torch.ops.kvswap._host_register(base, self.device, True)
+                self._registered = True
+                self.pinned = True
+            return base, base, mirrors
+
+    return ChunkMajorOffloader
+
+
+def _tiering_region(spec: Any) -> Any:
+    """This worker's map of vLLM's shared host region, made as vLLM's
+    TieringOffloadingSpec.create_worker makes it: no barrier (the file must
+    outlive the workers' maps, for the scheduler's ``rank=None`` map of the
+    same ``engine_id``), one segment, the rank's own slot (slot 0 under the
+    replicated layout). The parameter names are the release's."""
+    import inspect
+
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
+    count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
+    row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
+    parallel = getattr(spec.config, "parallel", None)
+    if parallel is None:
+        import vllm
+
+        from .compat import UnsupportedVLLM
+        raise UnsupportedVLLM(f"KVSwapTieringOffloadingSpec needs the worker's rank in vLLM's "
+                              f"OffloadingConfig (config.parallel.rank, vLLM 0.32 and 0.33); "
+                              f"vLLM {vllm.__version__} here has no config.parallel")
+    rank = 0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)
+    return SharedOffloadRegion(engine_id=spec.config.engine_id, **{count: _host_chunks(spec)},
+                               rank=rank, **{row: spec.kv_bytes_per_chunk},
+                               cpu_page_size=spec.cpu_page_size_per_worker)
+
+
+def _refuse_unknown(name: str, extra: dict, supported: frozenset) -> None:
+    if extra.get("canonical_layout"):
+        raise ValueError(f"{name} does not support canonical_layout; "
+                         "remove it from kv_connector_extra_config")
+    unknown = sorted(set(extra) - supported - {"canonical_layout"})
+    if unknown:
+        raise ValueError(f"{name} does not support kv_connector_extra_config "
+                         f"keys {unknown}; supported: {sorted(supported)}")
 
 
 def _host_chunks(spec: Any) -> int:
@@ -176,11 +265,20 @@ def build() -> dict[str, type]:
 
         ``capacity_source`` names what sized the host memory in the error
         raised when it holds no chunk.
+
+        ``tiering_region`` (``KVSwapTieringOffloadingSpec``): vLLM's shared
+        region of this rank, whose slot holds the mirrors in vLLM's
+        chunk-major layout (one device block per chunk), so that vLLM's
+        secondary tiers read and write the same bytes; ``slot_bytes`` is the
+        slot's size per chunk (``cpu_page_size_per_worker``). Checked mode's
+        tracker is off for it (chunks promoted from a tier were never stored
+        here).
         """
 
         def __init__(self, kv_caches: Any, blocks_per_chunk: int, num_chunks: int,
                      shared_region: Any = None,
-                     capacity_source: str = "cpu_bytes_to_use in kv_connector_extra_config") -> None:
+                     capacity_source: str = "cpu_bytes_to_use in kv_connector_extra_config",
+                     *, tiering_region: Any = None, slot_bytes: int = 0) -> None:
             widths = [0] * len(kv_caches.tensors)
             groups = []
             for refs in kv_caches.group_data_refs:
@@ -204,14 +302,22 @@ def build() -> dict[str, type]:
             if num_chunks < 1:
                 raise ValueError(f"{capacity_source} holds no chunk of this model's KV cache "
                                  f"({blocks_per_chunk} blocks of every cache tensor): raise it")
-            if shared_region is None:
+            if tiering_region is not None:
+                if shared_region is not None:
+                    raise ValueError("give shared_region or tiering_region, not both")
+                pages = [int(ck.page_size_bytes) * blocks_per_chunk for ck in kv_caches.tensors]
+                self.offloader = _chunk_major_offloader()(
+                    tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
+                    check=False, region=tiering_region, pages=pages, slot_bytes=slot_bytes)
+                shared_region = tiering_region
+            elif shared_region is None:
                 self.offloader = KVCacheOffloader(tensors, 1, blocks_per_chunk, num_chunks,
                                                   kv_stacked=False, groups=groups)
             else:
                 self.offloader = _shared_region_offloader()(
                     tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
                     host_buffer=shared_region.base_tensor)
-            #: vLLM's SharedOffloadRegion under the replicated layout, else None
+            #: vLLM's SharedOffloadRegion (replicated layout, or tiering), else None
             self.shared_region = shared_region
             self.blocks_per_chunk = blocks_per_chunk
             # job id -> (kind, device spec, host spec) until reported, to name a failed copy
@@ -286,13 +392,9 @@ def build() -> dict[str, type]:
 
         def __init__(self, config: Any) -> None:
             extra = dict(getattr(config, "extra_config", None) or {})
-            if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):
-                raise ValueError("KVSwapOffloadingSpec does not support canonical_layout; "
-                                 "remove it from kv_connector_extra_config")
-            unknown = sorted(set(extra) - SUPPORTED_EXTRA_CONFIG - {"canonical_layout"})
-            if unknown:
-                raise ValueError(f"KVSwapOffloadingSpec does not support kv_connector_extra_config "
-                                 f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}")
+            if getattr(config, "canonical_layout", False):
+                extra["canonical_layout"] = True
+            _refuse_unknown("KVSwapOffloadingSpec", extra, SUPPORTED_EXTRA_CONFIG)
             apply_check_option(extra)
             super().__init__(config)
             # Read while the engine's config is current (the spec is built in
@@ -313,8 +415,80 @@ def build() -> dict[str, type]:
                     raise
             return self._worker
 
-    for cls in (KVSwapOffloadingWorker, KVSwapOffloadingSpec):
+    classes = [KVSwapOffloadingWorker, KVSwapOffloadingSpec]
+    try:
+        from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+    except ImportError:  # every supported release has it (0.27 on); a build without it has no tiering
+        TieringOffloadingSpec = None
+    if TieringOffloadingSpec is not None:
+        classes.append(_tiering_spec(TieringOffloadingSpec, KVSwapOffloadingWorker))
+    for cls in classes:
         cls.__qualname__ = cls.__name__
         cls.__module__ = "torch_kvswap.integrations.vllm"
         _classes[cls.__name__] = cls
     return _classes
+
+
+def _tiering_spec(tiering_base: type, worker_cls: type) -> type:
+    class KVSwapTieringOffloadingSpec(tiering_base):
+        """vLLM's ``TieringOffloadingSpec`` (its manager, its secondary tiers:
+        ``fs``, ``obj``, ``p2p``, ``kvcr`` or a ``module_path`` tier) over a
+        torch_kvswap worker.
+
+        ``kv_connector_extra_config``: :data:`SUPPORTED_TIERING_EXTRA_CONFIG`
+        (``cpu_bytes_to_use`` and ``secondary_tiers`` as for vLLM's spec).
+        Refused when the spec is built: any other key, ``canonical_layout``,
+        ``kvswap_check`` (checked mode) and more than one device block per
+        chunk (``blocks_per_chunk``/``block_size``).
+
+        The worker maps the same ``/dev/shm`` region (one file per engine)
+        as vLLM's scheduler, whose secondary tiers read and write it through
+        ``primary_kv_view``; its host mirrors are laid out in that region as
+        vLLM's own CPU worker lays out its copies (chunk-major, this rank's
+        slot), so a chunk stored here is the chunk a tier writes to disk, and
+        a chunk a tier promotes is the chunk loaded here. The manager is
+        vLLM's, inherited.
+        """
+
+        def __init__(self, config: Any) -> None:
+            extra = dict(getattr(config, "extra_config", None) or {})
+            if getattr(config, "canonical_layout", False):
+                extra["canonical_layout"] = True
+            if CHECK_KEY in extra:
+                raise ValueError(
+                    f"KVSwapTieringOffloadingSpec does not support kv_connector_extra_config key "
+                    f"{CHECK_KEY!r} (checked mode): chunks promoted from a secondary tier are "
+                    f"written by vLLM's scheduler, not by a store this package saw, so checked "
+                    f"mode would refuse to load them; remove it")
+            _refuse_unknown("KVSwapTieringOffloadingSpec", extra, SUPPORTED_TIERING_EXTRA_CONFIG)
+            super().__init__(config)
+            if self.blocks_per_chunk != 1:
+                given = ", ".join(f"{k}={extra[k]!r}" for k in ("block_size", "blocks_per_chunk")
+                                  if k in extra) or "the default"
+                raise ValueError(
+                    f"KVSwapTieringOffloadingSpec supports one device block per chunk only "
+                    f"(blocks_per_chunk 1, or block_size equal to the engine's block size); "
+                    f"kv_connector_extra_config {given} gives {self.blocks_per_chunk}")
+            self._capacity_source = _capacity_source()
+
+        def get_worker(self, kv_caches: Any) -> Any:
+            """The torch_kvswap worker over this rank's slot of the shared
+            region (vLLM's own ``get_worker`` refuses CPU and NPU
+            platforms)."""
+            if self._worker is None:
+                chunks = _host_chunks(self)
+                if chunks < 1:
+                    raise ValueError(f"{self._capacity_source} holds no chunk of this model's KV "
+                                     "cache (1 block of every cache tensor): raise it")
+                region = _tiering_region(self)
+                try:
+                    self._worker = worker_cls(kv_caches, 1, chunks,
+                                              capacity_source=self._capacity_source,
+                                              tiering_region=region,
+                                              slot_bytes=self.cpu_page_size_per_worker)
+                except Exception:
+                    region.cleanup()
+                    raise
+            return self._worker
+
+    return KVSwapTieringOffloadingSpec
