@@ -147,13 +147,6 @@ def _tiering_region(spec: Any) -> Any:
     outlive the workers' maps, for the scheduler's ``rank=None`` map of the
     same ``engine_id``), one segment, the rank's own slot (slot 0 under the
     replicated layout). The parameter names are the release's."""
-    import inspect
-
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-    accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
-    count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
-    row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
     parallel = getattr(spec.config, "parallel", None)
     if parallel is None:
         import vllm
@@ -163,13 +156,14 @@ def _tiering_region(spec: Any) -> Any:
                               f"OffloadingConfig (config.parallel.rank, vLLM 0.32 and 0.33); "
                               f"vLLM {vllm.__version__} here has no config.parallel")
     rank = 0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)
-    return SharedOffloadRegion(engine_id=spec.config.engine_id, **{count: _host_chunks(spec)},
-                               rank=rank, **{row: spec.kv_bytes_per_chunk},
-                               cpu_page_size=spec.cpu_page_size_per_worker)
+    region_cls, _, kw = _region_arguments(spec, rank)
+    return region_cls(**kw)
 
 
-def _refuse_unknown(name: str, extra: dict, supported: frozenset) -> None:
-    if extra.get("canonical_layout"):
+def _refuse_unknown(name: str, config: Any, extra: dict, supported: frozenset) -> None:
+    """Refuses ``canonical_layout`` (on the config or in the extra keys) and
+    every extra key outside ``supported``, naming them."""
+    if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):
         raise ValueError(f"{name} does not support canonical_layout; "
                          "remove it from kv_connector_extra_config")
     unknown = sorted(set(extra) - supported - {"canonical_layout"})
@@ -206,18 +200,10 @@ def _shared_region(spec: Any) -> Any:
     """vLLM's shared host region for the replicated layout, made as vLLM's
     CPUOffloadingSpec.create_worker makes it: every worker maps the one-copy
     slot (rank 0), after a barrier over the worker group where the release
-    has one. The parameter names are the release's (0.27 to 0.29 count
-    blocks, 0.30 on chunks)."""
-    import inspect
-
+    has one."""
     from vllm.v1.kv_offload.cpu import spec as cpu_spec
-    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 
-    accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
-    count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
-    row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
-    kw = {"engine_id": spec.config.engine_id, count: _host_chunks(spec), "rank": 0,
-          row: spec.kv_bytes_per_chunk, "cpu_page_size": spec.cpu_page_size_per_worker}
+    region_cls, accepted, kw = _region_arguments(spec, 0)
     if "barrier" in accepted:
         kw["barrier"] = cpu_spec._all_workers_barrier
     # 0.33 also splits the region into files and pre-faults one share per worker.
@@ -225,7 +211,23 @@ def _shared_region(spec: Any) -> Any:
         kw["num_segments"] = getattr(cpu_spec, "_REGION_SEGMENTS", 1)
     if "populate_shard" in accepted:
         kw["populate_shard"] = (spec.config.parallel.rank, spec.config.parallel.world_size)
-    return SharedOffloadRegion(**kw)
+    return region_cls(**kw)
+
+
+def _region_arguments(spec: Any, rank: int) -> tuple[type, Any, dict[str, Any]]:
+    """vLLM's ``SharedOffloadRegion``, the parameters its constructor
+    accepts, and the arguments every release takes, for ``rank``'s slot,
+    under the release's names (0.27 to 0.29 count blocks, 0.30 on chunks)."""
+    import inspect
+
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
+    count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
+    row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
+    return SharedOffloadRegion, accepted, {
+        "engine_id": spec.config.engine_id, count: _host_chunks(spec), "rank": rank,
+        row: spec.kv_bytes_per_chunk, "cpu_page_size": spec.cpu_page_size_per_worker}
 
 
 _classes: dict[str, type] = {}
@@ -392,9 +394,7 @@ def build() -> dict[str, type]:
 
         def __init__(self, config: Any) -> None:
             extra = dict(getattr(config, "extra_config", None) or {})
-            if getattr(config, "canonical_layout", False):
-                extra["canonical_layout"] = True
-            _refuse_unknown("KVSwapOffloadingSpec", extra, SUPPORTED_EXTRA_CONFIG)
+            _refuse_unknown("KVSwapOffloadingSpec", config, extra, SUPPORTED_EXTRA_CONFIG)
             apply_check_option(extra)
             super().__init__(config)
             # Read while the engine's config is current (the spec is built in
@@ -452,15 +452,13 @@ def _tiering_spec(tiering_base: type, worker_cls: type) -> type:
 
         def __init__(self, config: Any) -> None:
             extra = dict(getattr(config, "extra_config", None) or {})
-            if getattr(config, "canonical_layout", False):
-                extra["canonical_layout"] = True
             if CHECK_KEY in extra:
                 raise ValueError(
                     f"KVSwapTieringOffloadingSpec does not support kv_connector_extra_config key "
                     f"{CHECK_KEY!r} (checked mode): chunks promoted from a secondary tier are "
                     f"written by vLLM's scheduler, not by a store this package saw, so checked "
                     f"mode would refuse to load them; remove it")
-            _refuse_unknown("KVSwapTieringOffloadingSpec", extra, SUPPORTED_TIERING_EXTRA_CONFIG)
+            _refuse_unknown("KVSwapTieringOffloadingSpec", config, extra, SUPPORTED_TIERING_EXTRA_CONFIG)
             super().__init__(config)
             if self.blocks_per_chunk != 1:
                 given = ", ".join(f"{k}={extra[k]!r}" for k in ("block_size", "blocks_per_chunk")
