@@ -62,7 +62,8 @@ def documented_lines() -> tuple[list[str], list[str]]:
 
 
 def connector_of(line: str) -> str:
-    config = json.loads(shlex.split(line)[shlex.split(line).index("--kv-transfer-config") + 1])
+    argv = shlex.split(line)
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     return config.get("kv_connector", "OffloadingConnector")  # --kv-offloading-size picks it
 
 
