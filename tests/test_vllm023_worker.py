@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_kvswap import handler as offloader_module
+from torch_kvswap.offloader import lanes as offloader_module
 from torch_kvswap.integrations import vllm as plugin
 from torch_kvswap.integrations.vllm import compat, offloading_handler
 

@@ -38,7 +38,7 @@ from .ops import (  # noqa: E402
     swap_blocks_batch,
 )
 from ._checked import Region, checked, is_checked, register_region, set_checked  # noqa: E402
-from .handler import DeviceBlocks, HostBlocks, KVCacheOffloader, TransferResult  # noqa: E402
+from .offloader import DeviceBlocks, HostBlocks, KVCacheOffloader, TransferResult  # noqa: E402
 
 __all__ = ["DeviceBlocks", "Direction", "ENGINES", "HostBlocks", "KVCacheOffloader", "Region",
            "TransferResult", "checked", "expand_block_ids", "get_copy_method", "is_checked",

@@ -201,7 +201,7 @@ MUTANTS = [
     ),
     dict(
         name="checked-wait-not-seen-as-finished",
-        file="torch_kvswap/handler.py",
+        file="torch_kvswap/offloader/lanes.py",
         find="                self._checks.observed(jobs)  # the caller has seen them finish\n",
         replace="                pass\n",
         tests=_OFF,

@@ -1,7 +1,7 @@
 """Mutants of the core: validation, descriptors, engines lookup, the host
 engine, expand_block_ids, the fake kernels, the op wrappers and the bench's
 arithmetic. Format: scripts/mutation_check.py; each must be killed by one of
-its tests. The offloader's mutants are in handler.py."""
+its tests. The offloader's mutants are in offloader.py."""
 
 MALFORMED = "tests/test_malformed.py"
 BATCH = "tests/test_swap_blocks_batch.py"

@@ -437,7 +437,8 @@ def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(
     """aclrtHostRegisterV2 succeeds, the query fails, the undo fails: CANN may
     still count the range registered, so the offloader keeps its memory for
     the life of the process instead of handing it back to the allocator."""
-    from torch_kvswap import KVCacheOffloader, handler
+    from torch_kvswap import KVCacheOffloader
+    from torch_kvswap.offloader import caches as offloader_caches
 
     buf = aligned_host_buffer(1 << 14)
     fake.fail("aclrtPointerGetAttributes", RT_PARAM_INVALID)
@@ -445,30 +446,31 @@ def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(
     with pytest.raises(NotImplementedError, match=r"undoing the registration failed too \(ACL error 107000.*\): "
                                                   r"the range may still be registered with CANN"):
         torch.ops.kvswap._host_register(buf, NPU, True)
-    kept = len(handler._STILL_REGISTERED)
+    kept = len(offloader_caches._STILL_REGISTERED)
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
     try:
         assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
-        assert len(handler._STILL_REGISTERED) == kept + 1
-        first_page = handler._STILL_REGISTERED[-1].data_ptr() + 4095 & ~4095
+        assert len(offloader_caches._STILL_REGISTERED) == kept + 1
+        first_page = offloader_caches._STILL_REGISTERED[-1].data_ptr() + 4095 & ~4095
         assert fake.kind(first_page) == "pinned"  # still registered with the fake CANN
-        assert handler._STILL_REGISTERED[-1].data_ptr() not in {t.data_ptr() for t in off.host_tensors}
+        assert offloader_caches._STILL_REGISTERED[-1].data_ptr() not in {t.data_ptr() for t in off.host_tensors}
     finally:
         off.shutdown()
         fake.fail("aclrtHostUnregister", 0)
 
 
 def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_nothing(fake):
-    from torch_kvswap import KVCacheOffloader, handler
+    from torch_kvswap import KVCacheOffloader
+    from torch_kvswap.offloader import caches as offloader_caches
 
     fake.set_register_does_nothing(True)
-    kept = len(handler._STILL_REGISTERED)
+    kept = len(offloader_caches._STILL_REGISTERED)
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
     try:
         assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
-        assert len(handler._STILL_REGISTERED) == kept  # nothing was registered: nothing kept
+        assert len(offloader_caches._STILL_REGISTERED) == kept  # nothing was registered: nothing kept
     finally:
         off.shutdown()
 
@@ -541,16 +543,17 @@ def test_a_registration_the_runtime_no_longer_reports_is_not_pinned(fake):
 
 
 def test_shutdown_survives_an_unregister_failure(fake, caplog):
-    from torch_kvswap import KVCacheOffloader, handler
+    from torch_kvswap import KVCacheOffloader
+    from torch_kvswap.offloader import caches as offloader_caches
 
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
     assert fake.kind(off.host_tensors[0].data_ptr()) == "pinned"
-    kept = len(handler._STILL_REGISTERED)
+    kept = len(offloader_caches._STILL_REGISTERED)
     fake.fail("aclrtHostUnregister", RT_PARAM_INVALID)
     with caplog.at_level("ERROR", logger="torch_kvswap"):
         off.shutdown()
     assert "unregistering" in caplog.text and "ACL error 107000" in caplog.text
     assert off.host_tensors == [] and off.host_bytes == 0
-    assert len(handler._STILL_REGISTERED) == kept + 1  # the still-registered memory is never freed
+    assert len(offloader_caches._STILL_REGISTERED) == kept + 1  # the still-registered memory is never freed
     off.shutdown()  # idempotent

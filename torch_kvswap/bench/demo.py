@@ -21,7 +21,7 @@ import torch
 
 import torch_kvswap
 from torch_kvswap import _loader
-from torch_kvswap.handler import KVCacheOffloader, TransferResult
+from torch_kvswap.offloader import KVCacheOffloader, TransferResult
 
 
 class HelpWithDefaults(argparse.HelpFormatter):

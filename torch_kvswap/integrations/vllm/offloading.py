@@ -60,7 +60,7 @@ def _ids(ids: Any) -> str:
 
 
 def _shared_region_offloader() -> type:
-    from ...handler import KVCacheOffloader
+    from ...offloader import KVCacheOffloader
 
     class SharedRegionOffloader(KVCacheOffloader):
         """A :class:`KVCacheOffloader` whose mirrors are carved from ``host_buffer``,
@@ -97,7 +97,7 @@ def _shared_region_offloader() -> type:
 
 
 def _chunk_major_offloader() -> type:
-    from ...handler import KVCacheOffloader
+    from ...offloader import KVCacheOffloader
 
     class ChunkMajorOffloader(KVCacheOffloader):
         """A :class:`KVCacheOffloader` whose mirrors are this rank's slot of
@@ -240,7 +240,7 @@ def build() -> dict[str, type]:
     base = check_vllm("offloading")
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    from ...handler import KVCacheOffloader
+    from ...offloader import KVCacheOffloader
 
     class KVSwapOffloadingWorker(base.OffloadingWorker):
         """vLLM ``OffloadingWorker`` backed by a :class:`KVCacheOffloader`.

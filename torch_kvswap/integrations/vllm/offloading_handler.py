@@ -48,7 +48,8 @@ def build() -> dict[str, type]:
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
-    from ...handler import KVCacheOffloader, _as_job_id
+    from ...offloader import KVCacheOffloader
+    from ...offloader.planning import as_job_id as _as_job_id
 
     class KVSwapOffloadingHandler(worker.OffloadingHandler):
         """vLLM ``OffloadingHandler`` for GPU->CPU stores and CPU->GPU loads.

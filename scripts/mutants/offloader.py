@@ -1,11 +1,13 @@
-"""Mutants of torch_kvswap/handler.py (data for scripts/mutation_check.py)."""
+"""Mutants of the offloader, torch_kvswap/offloader/ (data for scripts/mutation_check.py)."""
+
+_O = "torch_kvswap/offloader/"
 
 _T = ["tests/test_handler.py"]
 
 MUTANTS = [
     dict(
         name="handler-offset-ignored",
-        file="torch_kvswap/handler.py",
+        file=_O + "planning.py",
         find="                skip = offs[g]\n",
         replace="                skip = 0\n",
         tests=_T,
@@ -14,7 +16,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-partial-last-chunk-dropped",
-        file="torch_kvswap/handler.py",
+        file=_O + "planning.py",
         find="spans.append((skip, -(-(n + skip) // f) if n else 0))",
         replace="spans.append((skip, (n + skip) // f))",
         tests=_T,
@@ -22,15 +24,15 @@ MUTANTS = [
     ),
     dict(
         name="handler-groups-copy-every-tensor",
-        file="torch_kvswap/handler.py",
-        find="copies.append(_Copy(self.groups[g], src, dst))",
-        replace="copies.append(_Copy(list(range(len(self.device_tensors))), src, dst))",
+        file=_O + "planning.py",
+        find="copies.append(Copy(self.groups[g], src, dst))",
+        replace="copies.append(Copy(list(range(self.num_tensors)), src, dst))",
         tests=_T,
         why="a group's block ids must move only that group's tensors",
     ),
     dict(
         name="handler-failure-reported-as-success",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="        ok = job.error is None\n",
         replace="        ok = True\n",
         tests=_T,
@@ -38,23 +40,23 @@ MUTANTS = [
     ),
     dict(
         name="handler-mirror-not-page-aligned",
-        file="torch_kvswap/handler.py",
-        find="        start = -allocation.data_ptr() % _PAGE\n        buffer = allocation[start:start + total]\n        if pin:",
-        replace="        start = 64\n        buffer = allocation[start:start + total]\n        if pin:",
+        file=_O + "caches.py",
+        find="    start = -allocation.data_ptr() % _PAGE\n    buffer = allocation[start:start + total]\n    registered = False\n",
+        replace="    start = 64\n    buffer = allocation[start:start + total]\n    registered = False\n",
         tests=_T,
         why="in-place registration needs the mirror buffer to start on a page boundary",
     ),
     dict(
         name="handler-mirror-padding-64k",
-        file="torch_kvswap/handler.py",
-        find="            total += -(-rows * bb // _PAGE) * _PAGE\n",
-        replace="            total += -(-rows * bb // _PAGE) * _PAGE + 65536\n",
+        file=_O + "caches.py",
+        find="        total += -(-rows * bb // _PAGE) * _PAGE\n",
+        replace="        total += -(-rows * bb // _PAGE) * _PAGE + 65536\n",
         tests=_T,
         why="padding must stay under one page per cache tensor",
     ),
     dict(
         name="handler-transfer-time-zero",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="            job.seconds = time.perf_counter() - t0\n",
         replace="            job.seconds = 0.0\n",
         tests=_T,
@@ -62,7 +64,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-get-finished-order-reversed",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="                    results.append(self._report(fifo.popleft()))\n",
         replace="                    results.insert(0, self._report(fifo.popleft()))\n",
         tests=_T,
@@ -70,23 +72,23 @@ MUTANTS = [
     ),
     dict(
         name="handler-destination-repeat-check-dropped",
-        file="torch_kvswap/handler.py",
-        find="            if len(torch.unique(a.dst_ids)) != len(a.dst_ids):\n",
-        replace="            if False:\n",
+        file=_O + "planning.py",
+        find="        if len(torch.unique(a.dst_ids)) != len(a.dst_ids):\n",
+        replace="        if False:\n",
         tests=_T,
         why="two copies into one destination block in one job race; the job must be refused",
     ),
     dict(
         name="handler-expedited-shares-load-lane",
-        file="torch_kvswap/handler.py",
-        find='return self._submit(_as_job_id(job_id), "expedited" if expedited else "load",',
-        replace='return self._submit(_as_job_id(job_id), "load",',
+        file=_O + "offloader.py",
+        find='return self._submit(as_job_id(job_id), "expedited" if expedited else "load",',
+        replace='return self._submit(as_job_id(job_id), "load",',
         tests=_T,
         why="an expedited load must not queue behind ordinary loads",
     ),
     dict(
         name="handler-launch-under-table-lock",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="                self._fifo[lane].append(job)\n            # Launched outside",
         replace="                self._fifo[lane].append(job)\n                if self._workers is not None:\n"
                 "                    self._queues[lane].put(job)\n                    return True\n            # Launched outside",
@@ -95,7 +97,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-exit-leaves-jobs-in-flight",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="        _LIVE.add(self)  # shut down at interpreter exit",
         replace="        pass  # shut down at interpreter exit",
         tests=["tests/test_exit.py"],
@@ -104,8 +106,8 @@ MUTANTS = [
     ),
     dict(
         name="handler-group-caches-may-alias",
-        file="torch_kvswap/handler.py",
-        find="        _check_groups_do_not_alias(self.device_tensors, self.cache_names, self.groups)\n",
+        file=_O + "offloader.py",
+        find="        check_groups_do_not_alias(self.device_tensors, self.cache_names, self.groups)\n",
         replace="",
         tests=["tests/test_aliasing.py"],
         why="two caches of one group that share memory would have every load refused as a failed job, "
@@ -113,7 +115,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-interleaved-caches-seen-as-aliasing",
-        file="torch_kvswap/handler.py",
+        file=_O + "caches.py",
         find="                        continue  # interleaved: every block of one sits in the other's gaps",
         replace="                        pass",
         tests=["tests/test_aliasing.py"],
@@ -121,7 +123,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-strict-loads-unchecked",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="                if self._stored is not None:\n                    self._track_stored(job)\n",
         replace="",
         tests=_T,
@@ -129,7 +131,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-strict-failed-store-counts-as-stored",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = False",
         replace="                pass",
         tests=_T,
@@ -137,7 +139,7 @@ MUTANTS = [
     ),
     dict(
         name="handler-strict-wait-lenient",
-        file="torch_kvswap/handler.py",
+        file=_O + "lanes.py",
         find="        strict = self.strict if strict is None else strict",
         replace="        strict = bool(strict)",
         tests=_T,
@@ -145,23 +147,23 @@ MUTANTS = [
     ),
     dict(
         name="handler-job-id-unchecked",
-        file="torch_kvswap/handler.py",
-        find='return self._submit(_as_job_id(job_id), "store",',
+        file=_O + "offloader.py",
+        find='return self._submit(as_job_id(job_id), "store",',
         replace='return self._submit(job_id, "store",',
         tests=_T,
         why="a job id that is not an int must raise a TypeError naming job_id",
     ),
     dict(
         name="handler-job-ids-not-checked",
-        file="torch_kvswap/handler.py",
-        find="        wanted = _as_job_ids(job_ids)",
+        file=_O + "lanes.py",
+        find="        wanted = as_job_ids(job_ids)",
         replace="        wanted = set(job_ids)",
         tests=_T,
         why="wait(1) must say that job_ids is an iterable of ids, not 'int object is not iterable'",
     ),
     dict(
         name="handler-cache-names-dropped",
-        file="torch_kvswap/handler.py",
+        file=_O + "caches.py",
         find='            names.extend([f"{key} K", f"{key} V"] if stacked else [key])',
         replace='            names.extend([f"tensor {len(names)}", f"tensor {len(names) + 1}"] if stacked else [key])',
         tests=_T,
@@ -169,9 +171,9 @@ MUTANTS = [
     ),
     dict(
         name="handler-frees-memory-the-runtime-may-still-have-registered",
-        file="torch_kvswap/handler.py",
-        find='                if "may still be registered" in str(exc):\n',
-        replace="                if False:\n",
+        file=_O + "caches.py",
+        find='            if "may still be registered" in str(exc):\n',
+        replace="            if False:\n",
         tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
                "test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed]"],
         why="issue 25: the fallback to the pinned allocator dropped a buffer whose registration "

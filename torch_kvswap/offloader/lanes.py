@@ -1,0 +1,279 @@
+"""Lanes and completion: how the offloader's planned jobs are queued, copied
+and reported.
+
+One lane per kind of job (stores, loads, expedited loads), each with its own
+stream, or with no accelerator its own worker thread; jobs of one lane run and
+finish in submission order. A job is reported by ``get_finished`` once its end
+event (or its worker) says it is done; ``wait`` blocks on the same signals and
+``shutdown`` drains every lane. The table lock guards the job tables and is
+never held while a copy is launched or waited for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import ops
+from .planning import Copy, as_job_ids
+from .specs import TransferResult
+
+logger = logging.getLogger("torch_kvswap")
+
+_LANES = ("store", "load", "expedited")
+# Offloaders not yet shut down. At interpreter exit each is shut down: its
+# in-flight jobs finish and its worker threads stop before the interpreter
+# tears down, instead of being cut off inside a copy (which aborts the
+# process: "terminate called without an active exception").
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live() -> None:
+    for offloader in list(_LIVE):
+        try:
+            offloader.shutdown()
+        except Exception:  # noqa: BLE001 - exit goes on; the others still shut down
+            logger.exception("kvswap: shutting down an offloader at exit failed")
+
+
+@dataclass
+class Job:
+    job_id: int
+    lane: str
+    num_bytes: int
+    # Kept alive until the job is reported: the copies read them.
+    copies: list[Copy]
+    start_event: Any = None
+    end_event: Any = None
+    # Stream path: set once the events are recorded (or the launch failed).
+    launched: threading.Event = field(default_factory=threading.Event)
+    # Worker path: set when the copy returned; stream path: when the launch failed.
+    done: threading.Event = field(default_factory=threading.Event)
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def is_store(self) -> bool:
+        return self.lane == "store"
+
+    def finished(self) -> bool:
+        if self.done.is_set():
+            return True
+        if not self.launched.is_set():
+            return False
+        try:
+            return bool(self.end_event.query())
+        except Exception as exc:  # noqa: BLE001 - an asynchronous device error
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
+            return True
+
+
+class Lanes:
+    """The lanes, the job tables and completion of :class:`KVCacheOffloader`
+    (its base). Uses the offloader's ``device``, tensors, ``_planner``,
+    ``_checks``, ``_stored``, ``_track_stored`` and ``_release_mirrors``;
+    :meth:`_start_lanes` sets the rest up."""
+
+    def _start_lanes(self, on_accelerator: bool) -> None:
+        self._lock = threading.Lock()  # the job tables; never held across a launch or a wait
+        # One submission lock per lane keeps launch order equal to table order.
+        self._lane_locks = {lane: threading.Lock() for lane in _LANES}
+        self._pending: dict[int, Job] = {}  # submitted, not yet reported
+        self._fifo: dict[str, collections.deque[Job]] = {lane: collections.deque() for lane in _LANES}
+        self._closed = False
+        self._event_pool: list[Any] = []
+        if on_accelerator:
+            self._streams = {lane: torch.Stream(device=self.device) for lane in _LANES}
+            self._workers = None
+        else:
+            self._streams = None
+            self._queues = {lane: queue.SimpleQueue() for lane in _LANES}
+            self._workers = {
+                lane: threading.Thread(target=self._worker_loop, args=(self._queues[lane],),
+                                       name=f"kvswap-{lane}", daemon=True)
+                for lane in _LANES}
+            for w in self._workers.values():
+                w.start()
+        _LIVE.add(self)  # shut down at interpreter exit (_shutdown_live)
+
+    # -- submission ------------------------------------------------------------
+
+    def _submit(self, job_id: int, lane: str, src: np.ndarray, dst: np.ndarray,
+                offsets: int | Sequence[int] | None, group_sizes: Sequence[int] | None) -> bool:
+        is_store = lane == "store"
+        device, host = (src, dst) if is_store else (dst, src)
+        copies, num_bytes = self._planner.plan(is_store, device, host, offsets, group_sizes)
+        job = Job(job_id, lane, num_bytes, copies)
+        with self._lane_locks[lane]:  # launch order == table order, per lane
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("KVCacheOffloader is shut down")
+                if job.job_id in self._pending:
+                    raise ValueError(f"job id {job.job_id} is already in flight or not yet reported")
+                if self._checks is not None:
+                    self._checks.admit(job)  # refuses before anything is queued
+                if self._stored is not None:
+                    self._track_stored(job)
+                self._pending[job.job_id] = job
+                self._fifo[lane].append(job)
+            # Launched outside the table lock: get_finished never waits on a launch.
+            if self._workers is not None:
+                self._queues[lane].put(job)
+            else:
+                try:
+                    self._launch_on_stream(job)
+                except Exception as exc:  # noqa: BLE001 - never leave a job unfinishable
+                    self._fail(job, exc)
+                    job.done.set()
+                finally:
+                    job.launched.set()
+        return True
+
+    def _copy(self, job: Job) -> None:
+        src, dst = (self.device_tensors, self.host_tensors) if job.is_store else \
+            (self.host_tensors, self.device_tensors)
+        for c in job.copies:
+            ops.swap_blocks([src[i] for i in c.tensors], [dst[i] for i in c.tensors],
+                            c.src_ids, c.dst_ids)
+
+    def _launch_on_stream(self, job: Job) -> None:
+        stream = self._streams[job.lane]
+        job.start_event, job.end_event = self._get_event(), self._get_event()
+        # Wait for queued compute: a store must read finished KV data, and a
+        # load must not overwrite blocks that queued compute still reads.
+        stream.wait_stream(torch.accelerator.current_stream(self.device))
+        with stream:
+            job.start_event.record(stream)
+            try:
+                self._copy(job)
+            except Exception as exc:  # noqa: BLE001 - reported as a failed job
+                self._fail(job, exc)
+            job.end_event.record(stream)
+
+    def _worker_loop(self, jobs: queue.SimpleQueue) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            t0 = time.perf_counter()
+            try:
+                self._copy(job)
+            except Exception as exc:  # noqa: BLE001 - reported as a failed job
+                self._fail(job, exc)
+            job.seconds = time.perf_counter() - t0
+            job.done.set()
+
+    def _fail(self, job: Job, exc: BaseException) -> None:
+        job.error = f"{type(exc).__name__}: {exc}"
+        logger.error("kvswap: job %d (%s) failed: %s", job.job_id, job.lane, job.error)
+
+    def _get_event(self):
+        with self._lock:
+            if self._event_pool:
+                return self._event_pool.pop()
+        return torch.Event(device=self.device, enable_timing=True)
+
+    # -- completion --------------------------------------------------------------
+
+    def get_finished(self) -> list[TransferResult]:
+        """Results of the jobs that finished since the last call: stores, then
+        loads, then expedited loads, each in submission order. Never blocks.
+
+        With no accelerator, a call that finds nothing finished while jobs are
+        pending yields the processor once (``os.sched_yield``, which also
+        releases the GIL), so a caller polling in a tight loop does not starve
+        the copy threads."""
+        results = []
+        with self._lock:
+            for lane in _LANES:
+                fifo = self._fifo[lane]
+                while fifo and fifo[0].finished():
+                    results.append(self._report(fifo.popleft()))
+            idle = not results and self._workers is not None and bool(self._pending)
+        if idle:
+            os.sched_yield()
+        return results
+
+    def _report(self, job: Job) -> TransferResult:
+        seconds = job.seconds
+        if job.launched.is_set() and not job.done.is_set():
+            try:
+                seconds = job.start_event.elapsed_time(job.end_event) * 1e-3
+            except Exception as exc:  # noqa: BLE001 - an asynchronous device error
+                job.error = job.error or f"{type(exc).__name__}: {exc}"
+            self._event_pool += [job.start_event, job.end_event]
+        del self._pending[job.job_id]
+        if self._stored is not None and job.is_store and job.error is not None:
+            for c in job.copies:  # a failed store may have written part of its rows
+                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = False
+        kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
+        ok = job.error is None
+        if self._checks is not None:
+            self._checks.finish(job, ok)
+        return TransferResult(job.job_id, ok, job.num_bytes if ok else 0, seconds, kind, job.error)
+
+    def wait(self, job_ids: Iterable[int], *, strict: bool | None = None) -> None:
+        """Block until every listed job has finished (it stays reportable by
+        ``get_finished``). Ids that are not pending (already reported, or never
+        submitted) are ignored, as in the reference; ``strict=True`` (default:
+        the offloader's ``strict``) raises ``KeyError`` for them instead.
+        ``job_ids`` is an iterable of ints (``wait({1})``, not ``wait(1)``)."""
+        wanted = as_job_ids(job_ids)
+        strict = self.strict if strict is None else strict
+        with self._lock:
+            missing = wanted - self._pending.keys()
+            if strict and missing:
+                raise KeyError(f"job ids not pending: {sorted(missing)}")
+            jobs = [self._pending[j] for j in wanted - missing]
+        for job in jobs:
+            if self._workers is not None:
+                job.done.wait()
+                continue
+            job.launched.wait()
+            if not job.done.is_set():
+                try:
+                    job.end_event.synchronize()
+                except Exception as exc:  # noqa: BLE001 - reported by get_finished
+                    job.error = job.error or f"{type(exc).__name__}: {exc}"
+        if self._checks is not None:
+            with self._lock:
+                self._checks.observed(jobs)  # the caller has seen them finish
+
+    def pending(self) -> list[int]:
+        """Job ids submitted and not yet reported by ``get_finished``."""
+        with self._lock:
+            return list(self._pending)
+
+    def shutdown(self) -> None:
+        """Finish every in-flight job, stop the workers and release the host
+        mirrors. Results stay available from ``get_finished``. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        _LIVE.discard(self)
+        # A submission that passed the closed check is in the table now.
+        for lock in self._lane_locks.values():
+            with lock:
+                pass
+        with self._lock:
+            jobs = list(self._pending.values())
+        self.wait((j.job_id for j in jobs), strict=False)
+        if self._workers is not None:
+            for lane, worker in self._workers.items():
+                self._queues[lane].put(None)
+                worker.join()
+        self._release_mirrors()
