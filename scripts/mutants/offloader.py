@@ -73,7 +73,7 @@ MUTANTS = [
     dict(
         name="handler-destination-repeat-check-dropped",
         file=_O + "planning.py",
-        find="        if len(torch.unique(a.dst_ids)) != len(a.dst_ids):\n",
+        find="        if (ordered[1:] == ordered[:-1]).any():\n",
         replace="        if False:\n",
         tests=_T,
         why="two copies into one destination block in one job race; the job must be refused",

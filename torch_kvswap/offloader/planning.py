@@ -109,8 +109,12 @@ class Planner:
                num_device: int, num_host: int) -> list[tuple[int, int]]:
         """(skip, host blocks) per group; their host blocks must add up to ``num_host``."""
         f = self.factor
-        whole = (f"load of {num_host} host blocks fills {num_host * f} device blocks (factor {f}), "
-                 f"got {num_device} device block ids; without offsets, loads move whole host blocks")
+
+        def whole() -> ValueError:
+            return ValueError(f"load of {num_host} host blocks fills {num_host * f} device blocks "
+                              f"(factor {f}), got {num_device} device block ids; without offsets, "
+                              "loads move whole host blocks")
+
         spans = []
         for g, n in enumerate(sizes):
             if offs is not None:
@@ -120,38 +124,43 @@ class Planner:
                 spans.append((-n % f, -(-n // f)))
             else:
                 if n % f:
-                    raise ValueError(whole)
+                    raise whole()
                 spans.append((0, n // f))
         needed = sum(h for _, h in spans)
         if needed != num_host:
             if offs is None and not is_store:
-                raise ValueError(whole)
+                raise whole()
             raise ValueError(f"{'store' if is_store else 'load'} of {num_device} device blocks "
                              f"needs {needed} host blocks (factor {f}), got {num_host}")
         return spans
 
     def _copies(self, is_store: bool, device: np.ndarray, host: np.ndarray, sizes: list[int],
                 spans: list[tuple[int, int]]) -> tuple[list[Copy], int]:
+        """Every group's copy from one expansion of the job's host ids: a
+        group's sub-blocks are consecutive in it, from sub-block ``skip`` of
+        the group's first host block on."""
         f = self.factor
-        copies, num_bytes, d0, h0 = [], 0, 0, 0
+        subs = ops.expand_block_ids(torch.from_numpy(host), f, 0)
+        dev = torch.from_numpy(np.ascontiguousarray(device))
+        copies, num_bytes, d0, s0 = [], 0, 0, 0
         for g, (n, (skip, n_host)) in enumerate(zip(sizes, spans)):
             if n:
-                dev = torch.from_numpy(np.ascontiguousarray(device[d0:d0 + n]))
-                subs = ops.expand_block_ids(torch.from_numpy(host[h0:h0 + n_host]), f, skip)[:n]
-                src, dst = (dev, subs) if is_store else (subs, dev)
+                src, dst = (dev[d0:d0 + n], subs[s0 + skip:s0 + skip + n])
+                if not is_store:
+                    src, dst = dst, src
                 copies.append(Copy(self.groups[g], src, dst))
                 num_bytes += n * self.group_block_bytes[g]
-            d0, h0 = d0 + n, h0 + n_host
+            d0, s0 = d0 + n, s0 + n_host * f
         return copies, num_bytes
-
 
 def check_distinct_destinations(copies: list[Copy]) -> None:
     """No destination block of any tensor is written twice by one job."""
-    for i, a in enumerate(copies):
-        if len(torch.unique(a.dst_ids)) != len(a.dst_ids):
+    dsts = [c.dst_ids.numpy() for c in copies]
+    for i, (a, ids) in enumerate(zip(copies, dsts)):
+        ordered = np.sort(ids)
+        if (ordered[1:] == ordered[:-1]).any():
             raise ValueError("destination block ids repeat within one job")
-        for b in copies[i + 1:]:
-            if set(a.tensors) & set(b.tensors) and \
-                    np.intersect1d(a.dst_ids.numpy(), b.dst_ids.numpy()).size:
+        for b, other in zip(copies[i + 1:], dsts[i + 1:]):
+            if set(a.tensors) & set(b.tensors) and np.intersect1d(ids, other).size:
                 raise ValueError("destination block ids repeat within one job (two groups "
                                  "that share a cache tensor write the same block)")
