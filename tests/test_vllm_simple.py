@@ -35,6 +35,7 @@ except Exception as exc:  # noqa: BLE001
                 "run bash scripts/test_vllm.sh", allow_module_level=True)
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
+from vllm_helpers import forget_plugin_classes
 
 MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
 LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
@@ -233,9 +234,8 @@ def test_a_mistyped_extra_config_key_is_refused_when_the_connector_is_built():
 ])
 def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monkeypatch, version, differs):
     import vllm
-    from torch_kvswap.integrations.vllm import simple_offload
     monkeypatch.setattr(vllm, "__version__", version)
-    monkeypatch.setattr(simple_offload, "_classes", {})
+    forget_plugin_classes(monkeypatch)
     with pytest.raises(ImportError, match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} "
                                           rf"\(simple path\): {differs}(; .*)?\. Supported: "
                                           rf"vLLM 0\.27 to 0\.33"):
@@ -245,10 +245,10 @@ def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monk
 def test_a_release_whose_interface_is_not_its_eras_is_refused(monkeypatch):
     # the installed interface, presented as a release of the other era
     import vllm
-    from torch_kvswap.integrations.vllm import compat, simple_offload
+    from torch_kvswap.integrations.vllm import compat
     other = "0.29.0" if compat.simple_era(release()[1]) == compat.SIMPLE_DEFERRED else "0.28.0"
     monkeypatch.setattr(vllm, "__version__", other)
-    monkeypatch.setattr(simple_offload, "_classes", {})
+    forget_plugin_classes(monkeypatch)
     with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {other} \(simple path\): its "
                                                      rf"SimpleCPUOffloadWorker's .*, release 0\.{other[2:4]}'s: "):
         build(cpu_bytes=1 << 20)
