@@ -29,6 +29,7 @@ import torch
 from torch_kvswap.offloader import lanes as offloader_module
 from torch_kvswap.integrations import vllm as plugin
 from torch_kvswap.integrations.vllm import compat, offloading_handler
+from vllm_helpers import forget_plugin_classes
 
 GPU_BLOCK, CPU_BLOCK, FACTOR = 16, 32, 2
 NUM_GPU_BLOCKS, NUM_CPU_BLOCKS = 12, 6
@@ -496,8 +497,7 @@ def test_the_standin_0_23_is_accepted_and_the_class_is_built_once(monkeypatch):
 
 def test_on_vllm_0_23_the_connector_spec_is_still_refused_pointing_at_the_handler(monkeypatch):
     real_vllm()  # the installed vLLM 0.23 (skips without it)
-    from torch_kvswap.integrations.vllm import offloading
-    monkeypatch.setattr(offloading, "_classes", {})
+    forget_plugin_classes(monkeypatch)
     with pytest.raises(compat.UnsupportedVLLM,
                        match=r"does not support vLLM 0\.23\.0 \(offloading path\): release 0\.23 is below "
                              r"the supported range; .*OffloadingHandler\.transfer_async\(job_id, spec\) "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 try:
     import vllm  # noqa: F401
-    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
         OffloadingConnectorMetadata, TransferJob)
@@ -40,11 +39,10 @@ except Exception as exc:  # noqa: BLE001
 
 import torch_kvswap
 from torch_kvswap.integrations import vllm as kvswap_vllm
+from vllm_helpers import BLOCK_TOKENS, LAYERS, per_layer_kv_cache_config, vllm_config
+from vllm_helpers import offloading_config as vllms_offloading_config
 
-MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
-LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
 NUM_BLOCKS = 48
-BLOCK_TOKENS = 16
 
 
 def attention_spec(sliding: bool):
@@ -87,12 +85,7 @@ def build(layout: str, blocks_per_chunk: int, num_chunks: int = 40):
     bytes_per_chunk = -(-(total // NUM_BLOCKS) * blocks_per_chunk // 4096) * 4096
     extra = {"spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
              "cpu_bytes_to_use": num_chunks * bytes_per_chunk, "blocks_per_chunk": blocks_per_chunk}
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16",
-                                 max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
-        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                            kv_connector_extra_config=extra))
+    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra)
     with set_current_vllm_config(config):
         connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     connector.register_kv_caches(tensors)
@@ -404,14 +397,9 @@ def test_a_failed_load_names_its_blocks_and_chunks():
 
 def build_scheduler_connector(extra: dict) -> None:
     """vLLM's OffloadingConnector, scheduler role, with the plug-in's spec and `extra` keys."""
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
-        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                            kv_connector_extra_config={
-                                                "spec_name": "KVSwapOffloadingSpec",
-                                                "spec_module_path": "torch_kvswap.integrations.vllm",
-                                                "cpu_bytes_to_use": 1 << 20, **extra}))
+    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config={
+        "spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
+        "cpu_bytes_to_use": 1 << 20, **extra})
     kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
         KVCacheGroupSpec(LAYERS, attention_spec(False))])
     with set_current_vllm_config(config):
@@ -439,21 +427,13 @@ def test_kvswap_check_key_is_accepted_and_turns_checked_mode_on():
 def test_kv_offloading_size_sizes_the_host_mirrors():
     # vLLM's --kv-offloading-size (GiB): it selects the OffloadingConnector
     # and sets cpu_bytes_to_use; the extra config names only the spec.
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS, kv_offloading_size=0.001,
-                                 kv_offloading_backend="native"),
-        kv_transfer_config=KVTransferConfig(kv_connector_extra_config={
-            "spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
-            "blocks_per_chunk": 1}))
+    config = vllm_config({"kv_offloading_size": 0.001, "kv_offloading_backend": "native"},
+                         kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
+                                                    "spec_module_path": "torch_kvswap.integrations.vllm",
+                                                    "blocks_per_chunk": 1})
     assert config.kv_transfer_config.kv_connector == "OffloadingConnector"
     page = attention_spec(False).page_size_bytes
-    kv_cache_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * 4, layers=[name],
-                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
-                          for name in LAYERS],
-        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    kv_cache_config = per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS)
     with set_current_vllm_config(config):
         connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     connector.register_kv_caches({name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
@@ -470,20 +450,11 @@ def test_kv_offloading_size_sizes_the_host_mirrors():
 def test_a_kv_offloading_size_too_small_is_named_as_the_flag():
     # vLLM writes --kv-offloading-size into cpu_bytes_to_use itself: the error
     # names the flag the user gave, not kv_connector_extra_config
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS, kv_offloading_size=0.000001,
-                                 kv_offloading_backend="native"),
-        kv_transfer_config=KVTransferConfig(kv_connector_extra_config={
-            "spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
-            "blocks_per_chunk": 1}))
-    page = attention_spec(False).page_size_bytes
-    kv_cache_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * 4, layers=[name],
-                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
-                          for name in LAYERS],
-        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    config = vllm_config({"kv_offloading_size": 0.000001, "kv_offloading_backend": "native"},
+                         kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
+                                                    "spec_module_path": "torch_kvswap.integrations.vllm",
+                                                    "blocks_per_chunk": 1})
+    kv_cache_config = per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS)
     with set_current_vllm_config(config):
         connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     with pytest.raises(ValueError, match=r"^--kv-offloading-size 1e-06 \(GiB\) holds no chunk of this model's "
@@ -519,29 +490,13 @@ def test_the_spec_is_found_through_vllms_factory():
 def offloading_config(tp: int, rank: int, replicated: bool, engine_id: str, cpu_bytes: int,
                       blocks_per_chunk: int = 2):
     """vLLM's own OffloadingConfig for this model, as worker `rank` of `tp`."""
-    import dataclasses
-
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
-    page = attention_spec(False).page_size_bytes
-    kv_cache_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS * 4, layers=[name],
-                                        layer_stride=page * NUM_BLOCKS, block_stride=page)
-                          for name in LAYERS],
-        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))])
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
-        kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                            engine_id=engine_id, kv_connector_extra_config={
-                                                "spec_name": "KVSwapOffloadingSpec",
-                                                "spec_module_path": "torch_kvswap.integrations.vllm",
-                                                "cpu_bytes_to_use": cpu_bytes,
-                                                "blocks_per_chunk": blocks_per_chunk}))
-    with set_current_vllm_config(config):
-        base = build_offloading_config(config, kv_cache_config)
-    parallel = dataclasses.replace(base.parallel, rank=rank, world_size=tp, tp_size=tp)
-    return dataclasses.replace(base, parallel=parallel, replicated_layout=replicated)
+    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
+                         kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
+                                                    "spec_module_path": "torch_kvswap.integrations.vllm",
+                                                    "cpu_bytes_to_use": cpu_bytes,
+                                                    "blocks_per_chunk": blocks_per_chunk})
+    return vllms_offloading_config(config, per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS), tp, rank,
+                                   replicated_layout=replicated)
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import types
 import pytest
 
 import torch_kvswap.integrations.vllm as plugin
-from torch_kvswap.integrations.vllm import compat, offloading
+from torch_kvswap.integrations.vllm import compat, host_layouts, offloading
+from vllm_helpers import forget_plugin_classes
 
 
 def test_importing_the_package_and_the_plugin_module_does_not_import_vllm():
@@ -81,7 +82,7 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
     module("vllm.v1.kv_offload", base=base)
     module("vllm.v1")
     module("vllm", __version__=version)
-    monkeypatch.setattr(offloading, "_classes", {})
+    forget_plugin_classes(monkeypatch)
 
 
 def test_a_vllm_without_the_interface_is_refused_naming_what_is_missing(monkeypatch):
@@ -222,7 +223,7 @@ def test_the_spec_refuses_unsupported_configuration_when_built(monkeypatch, extr
 def test_offloaders_on_one_shared_region_see_each_others_bytes():
     # vLLM's replicated layout: every TP worker maps one region; what one
     # worker stores, another loads. Mirrors are packed back to back in it.
-    cls = offloading._shared_region_offloader()
+    cls = host_layouts.SharedRegionOffloader
     region = torch.zeros(2 * 4 * 2 * 512, dtype=torch.int8)  # 4 chunks of 2 blocks, two 512-byte tensors
     caches = [[torch.randint(-9, 9, (6, 512), dtype=torch.int8) for _ in range(2)] for _ in range(2)]
     a, b = (cls(c, 1, 2, 4, kv_stacked=False, host_buffer=region) for c in caches)

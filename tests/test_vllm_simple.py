@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,10 +22,10 @@ import torch
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 try:
-    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadMetadata
 except Exception as exc:  # noqa: BLE001
     if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
@@ -35,35 +34,19 @@ except Exception as exc:  # noqa: BLE001
                 "run bash scripts/test_vllm.sh", allow_module_level=True)
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
+from vllm_helpers import BLOCK_TOKENS, LAYERS, forget_plugin_classes, per_layer_kv_cache_config, vllm_config
 
-MODEL = str(Path(__file__).parent / "data" / "llama-4layer")
-LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
-NUM_BLOCKS, BLOCK_TOKENS = 24, 16
+NUM_BLOCKS = 24
 MODULE = "torch_kvswap.integrations.vllm"
-
-
-def kv_cache_tensor(page: int, name: str):
-    """One layer's own allocation, in the installed vLLM's terms (0.27/0.28:
-    ``shared_by``, no placement; 0.29 on: ``layers`` and their strides)."""
-    if "layer_stride" in KVCacheTensor.__dataclass_fields__:
-        return KVCacheTensor(size=page * NUM_BLOCKS * len(LAYERS), layers=[name],
-                             layer_stride=page * NUM_BLOCKS, block_stride=page)
-    return KVCacheTensor(size=page * NUM_BLOCKS, shared_by=[name])
 
 
 def build(cpu_bytes: int, extra=None):
     spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
     page = spec.page_size_bytes
-    kv_cache_config = KVCacheConfig(
-        num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[kv_cache_tensor(page, name) for name in LAYERS],
-        kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=True),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="KVSwapSimpleCPUOffloadConnector", kv_connector_module_path=MODULE,
-            kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, **(extra or {})}))
+    kv_cache_config = per_layer_kv_cache_config(spec, NUM_BLOCKS)
+    config = vllm_config({"enable_prefix_caching": True},
+                         kv_connector="KVSwapSimpleCPUOffloadConnector", kv_connector_module_path=MODULE,
+                         kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, **(extra or {})})
     with set_current_vllm_config(config):
         connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
     caches = {name: torch.randn(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64).half() for name in LAYERS}
@@ -233,9 +216,8 @@ def test_a_mistyped_extra_config_key_is_refused_when_the_connector_is_built():
 ])
 def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monkeypatch, version, differs):
     import vllm
-    from torch_kvswap.integrations.vllm import simple_offload
     monkeypatch.setattr(vllm, "__version__", version)
-    monkeypatch.setattr(simple_offload, "_classes", {})
+    forget_plugin_classes(monkeypatch)
     with pytest.raises(ImportError, match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} "
                                           rf"\(simple path\): {differs}(; .*)?\. Supported: "
                                           rf"vLLM 0\.27 to 0\.33"):
@@ -245,10 +227,10 @@ def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monk
 def test_a_release_whose_interface_is_not_its_eras_is_refused(monkeypatch):
     # the installed interface, presented as a release of the other era
     import vllm
-    from torch_kvswap.integrations.vllm import compat, simple_offload
+    from torch_kvswap.integrations.vllm import compat
     other = "0.29.0" if compat.simple_era(release()[1]) == compat.SIMPLE_DEFERRED else "0.28.0"
     monkeypatch.setattr(vllm, "__version__", other)
-    monkeypatch.setattr(simple_offload, "_classes", {})
+    forget_plugin_classes(monkeypatch)
     with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {other} \(simple path\): its "
                                                      rf"SimpleCPUOffloadWorker's .*, release 0\.{other[2:4]}'s: "):
         build(cpu_bytes=1 << 20)

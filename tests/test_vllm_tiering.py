@@ -29,13 +29,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_vllm_engine import (BLOCK, MODEL, MODULE, PARAMS, Recorder, close, connector,
+from test_vllm_engine import (BLOCK, MODULE, PARAMS, Recorder, close, connector,
                               counters, engine)
 
 from vllm import SamplingParams
 from vllm.config import KVTransferConfig
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
+from vllm_helpers import BLOCK_TOKENS, per_layer_kv_cache_config, vllm_config
+from vllm_helpers import offloading_config as vllms_offloading_config
 
 FULL = 8  # full blocks per prompt
 HOST_CHUNKS = 12  # host tier: one prompt fits, the three do not
@@ -54,34 +56,13 @@ PROMPTS = {"A": prompt(1), "B": prompt(2), "C": prompt(3)}
 
 def offloading_config(engine_id: str, cpu_bytes: int, tp: int = 1, rank: int = 0, **extra):
     """vLLM's own OffloadingConfig for the 4-layer model, as worker `rank` of `tp`."""
-    import dataclasses
-
-    from vllm.config import (CacheConfig, ModelConfig, VllmConfig,
-                             set_current_vllm_config)
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            KVCacheTensor)
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16)
-    layers = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
-    page = spec.page_size_bytes
-    kv_cache_config = KVCacheConfig(
-        num_blocks=48,
-        kv_cache_tensors=[KVCacheTensor(size=page * 48 * 4, layers=[name], layer_stride=page * 48,
-                                        block_stride=page) for name in layers],
-        kv_cache_groups=[KVCacheGroupSpec(layers, spec)])
-    config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16",
-                                 max_model_len=1024),
-        cache_config=CacheConfig(block_size=16),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
-            kv_connector_extra_config={"spec_name": "KVSwapTieringOffloadingSpec",
-                                       "spec_module_path": MODULE, "cpu_bytes_to_use": cpu_bytes,
-                                       **extra}))
-    with set_current_vllm_config(config):
-        base = build_offloading_config(config, kv_cache_config)
-    parallel = dataclasses.replace(base.parallel, rank=rank, world_size=tp, tp_size=tp)
-    return dataclasses.replace(base, parallel=parallel)
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
+    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
+                         kv_connector_extra_config={"spec_name": "KVSwapTieringOffloadingSpec",
+                                                    "spec_module_path": MODULE, "cpu_bytes_to_use": cpu_bytes,
+                                                    **extra})
+    return vllms_offloading_config(config, per_layer_kv_cache_config(spec, 48), tp, rank)
 
 
 def canonical_caches(pages: list[int], widths: list[int], num_blocks: int = 48):

@@ -8,6 +8,9 @@ environments (scripts/test_vllm.sh) cover the same code against the real thing.
 
 _BACKEND = "torch_kvswap/integrations/vllm/copy_backend.py"
 _OFF = "torch_kvswap/integrations/vllm/offloading.py"
+_SPEC = "torch_kvswap/integrations/vllm/offloading_spec.py"
+_TIERING = "torch_kvswap/integrations/vllm/tiering_spec.py"
+_LAYOUTS = "torch_kvswap/integrations/vllm/host_layouts.py"
 _SIMPLE = "torch_kvswap/integrations/vllm/simple_offload.py"
 _HANDLER = "torch_kvswap/integrations/vllm/offloading_handler.py"
 _COMPAT = "torch_kvswap/integrations/vllm/compat.py"
@@ -101,9 +104,9 @@ MUTANTS = [
     ),
     dict(
         name="vllm-failed-job-reported-as-success",
-        file=_OFF,
-        find="                if not r.success:\n",
-        replace="                if False:\n",
+        file=_SPEC,
+        find="            if not r.success:\n",
+        replace="            if False:\n",
         tests=[_I + "test_a_failed_store_raises_from_get_finished_naming_job_copy_and_cause"],
         why="vLLM only asserts success (gone under python -O): the worker must raise for a failed job",
     ),
@@ -133,8 +136,8 @@ MUTANTS = [
     ),
     dict(
         name="vllm-shared-region-mirrors-overlap",
-        file=_OFF,
-        find="                off += rows * bb\n",
+        file=_LAYOUTS,
+        find="            off += rows * bb\n",
         replace="",
         tests=[_I + "test_offloaders_on_one_shared_region_see_each_others_bytes"],
         why="mirrors carved from the shared region must not overlap",
@@ -165,9 +168,9 @@ MUTANTS = [
     ),
     dict(
         name="vllm-capacity-error-names-extra-config",
-        file=_OFF,
-        find="capacity.\n            self._capacity_source = _capacity_source()\n",
-        replace='capacity.\n            self._capacity_source = "cpu_bytes_to_use in kv_connector_extra_config"\n',
+        file=_SPEC,
+        find="capacity.\n        self._capacity_source = _capacity_source()\n",
+        replace='capacity.\n        self._capacity_source = "cpu_bytes_to_use in kv_connector_extra_config"\n',
         tests=[_I + "test_a_capacity_too_small_names_what_sized_it"],
         why="host memory sized by --kv-offloading-size must be named as that flag in the error",
     ),
@@ -272,25 +275,25 @@ MUTANTS = [
     # KVSwapTieringOffloadingSpec (vLLM's tiered offloading over the worker)
     dict(
         name="vllm-tiering-blocks-per-chunk-accepted",
-        file=_OFF,
-        find="            if self.blocks_per_chunk != 1:\n",
-        replace="            if False:\n",
+        file=_TIERING,
+        find="        if self.blocks_per_chunk != 1:\n",
+        replace="        if False:\n",
         tests=[_I + "test_the_tiering_spec_refuses_unsupported_configuration_when_built"],
         why="with more than one block per chunk the worker's mirror rows are not chunk rows: refuse it",
     ),
     dict(
         name="vllm-tiering-checked-mode-accepted",
-        file=_OFF,
-        find="            if CHECK_KEY in extra:\n",
-        replace="            if False:\n",
+        file=_TIERING,
+        find="        if CHECK_KEY in extra:\n",
+        replace="        if False:\n",
         tests=[_I + "test_the_tiering_spec_refuses_unsupported_configuration_when_built"],
         why="kvswap_check must be refused with its reason (checked mode would refuse promoted chunks)",
     ),
     dict(
         name="vllm-tiering-mirror-offsets-by-width",
-        file=_OFF,
-        find="                view = region.create_next_worker_view(page)\n",
-        replace="                view = region.create_next_worker_view(t.shape[1])\n",
+        file=_LAYOUTS,
+        find="            view = region.create_next_worker_view(page)\n",
+        replace="            view = region.create_next_worker_view(t.shape[1])\n",
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot"],
         why="each tensor takes its full page of the slot, as vLLM's CPU worker does, or the tiers' "
             "bytes of the later tensors are misplaced",

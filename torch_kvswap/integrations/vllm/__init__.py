@@ -1,12 +1,13 @@
 """vLLM plug-ins: torch_kvswap under both of vLLM's KV offload paths.
 
-* ``offloading``: ``KVSwapOffloadingSpec`` for vLLM's ``OffloadingConnector``
+* ``offloading_spec``: ``KVSwapOffloadingSpec`` for vLLM's ``OffloadingConnector``
   (``spec_name``/``spec_module_path`` in ``kv_connector_extra_config``), and
-  ``KVSwapTieringOffloadingSpec``, vLLM's tiered offloading (disk, object
-  store, peer tiers behind the host tier) over the same worker.
-* ``simple_offload``: ``KVSwapSimpleCPUOffloadConnector``, vLLM's
+  ``tiering_spec``: ``KVSwapTieringOffloadingSpec``, vLLM's tiered offloading
+  (disk, object store, peer tiers behind the host tier) over the same worker;
+  ``offloading`` and ``host_layouts`` hold their vLLM-free parts.
+* ``simple_connector``: ``KVSwapSimpleCPUOffloadConnector``, vLLM's
   ``SimpleCPUOffloadConnector`` with ``KVSwapCopyBackend`` as its copy backend
-  (``kv_connector_module_path``).
+  (``kv_connector_module_path``); ``simple_offload`` holds its vLLM-free parts.
 * ``offloading_handler``: ``KVSwapOffloadingHandler`` for vLLM 0.23's
   ``OffloadingHandler`` interface (``OffloadingWorker.register_handler``).
 * ``copy_backend``: ``KVSwapCopyBackend`` itself, a drop-in for vLLM's
@@ -15,7 +16,10 @@
   plug-ins share (``check_vllm``).
 
 vLLM is imported only when a class that subclasses vLLM's is first looked up
-here (``import torch_kvswap.integrations.vllm`` never imports it); the
+here (``import torch_kvswap.integrations.vllm`` never imports it): the
+modules that define those classes import vLLM, and this package imports them
+from ``__getattr__``, so the classes stay reachable as
+``torch_kvswap.integrations.vllm.<name>``; the
 interface is checked then, and a vLLM outside 0.27 to 0.33 or without its
 release's interface is refused (``UnsupportedVLLM``); the handler takes
 0.23 to 0.24 instead (the releases with that interface); see docs/vllm.md.
