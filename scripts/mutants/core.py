@@ -249,23 +249,23 @@ MUTANTS = [
          tests=[EXPAND],
          why="on an accelerator, negative ids give negative sub-block ids"),
 
-    # --- fake kernels and compile rules (torch_kvswap/fake_kernels.py) ----------------------
-    dict(name="ordered_effect_dropped", file="torch_kvswap/fake_kernels.py",
+    # --- compile hooks (torch_kvswap/_compile_hooks.py) and fake kernels (fake_kernels.py) ---
+    dict(name="ordered_effect_dropped", file="torch_kvswap/_compile_hooks.py",
          find='_ORDERED_EFFECT_OPS = ("kvswap::swap_blocks_batch",)',
          replace="_ORDERED_EFFECT_OPS = ()",
          tests=[COMPILE, REGISTRY],
          why="torch.compile drops the pointer op (its result is unused) or reorders it"),
-    dict(name="aot_eager_clones_destinations", file="torch_kvswap/fake_kernels.py",
+    dict(name="aot_eager_clones_destinations", file="torch_kvswap/_compile_hooks.py",
          find="            _only_clone_these_bases = ()\n",
          replace="            pass\n",
          tests=[COMPILE],
          why="under aot_eager / cudagraphs every call clones the whole destination cache"),
-    dict(name="in_place_hook_applies_to_every_op", file="torch_kvswap/fake_kernels.py",
+    dict(name="in_place_hook_applies_to_every_op", file="torch_kvswap/_compile_hooks.py",
          find="if _mutable_op is swap_blocks and _only_clone_these_bases is None:",
          replace="if _only_clone_these_bases is None:",
          tests=[COMPILE],
          why="other libraries' mutating ops lose the clone torch's semantics need"),
-    dict(name="inductor_reinplacing_off", file="torch_kvswap/fake_kernels.py",
+    dict(name="inductor_reinplacing_off", file="torch_kvswap/_compile_hooks.py",
          find="for _qualname in _ORDERED_EFFECT_OPS:\n    _register_ordered_effect(_qualname)\n",
          replace="for _qualname in _ORDERED_EFFECT_OPS:\n    _register_ordered_effect(_qualname)\n"
                  "import torch._inductor.fx_passes.post_grad as _post_grad  # noqa: E402\n"
