@@ -23,6 +23,7 @@
 #include <string>
 
 #include "core.h"
+#include "op_kernels.h"
 
 namespace kvswap {
 namespace core {
@@ -448,8 +449,6 @@ void check_device_resident_ids(const at::Tensor& src_block_ids, const at::Tensor
   check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
 }
 
-namespace {
-
 int64_t register_region(const at::Tensor& region, c10::string_view side, c10::string_view label) {
   Side s;
   if (side == "host") {
@@ -483,15 +482,5 @@ std::vector<std::string> region_labels() {
 
 bool get_checked_mode() { return checked_mode(); }
 
-}  // namespace
-
 }  // namespace core
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_register_region", &kvswap::core::register_region);
-  m.impl("_unregister_region", &kvswap::core::unregister_region);
-  m.impl("_region_labels", &kvswap::core::region_labels);
-  m.impl("_set_checked", &kvswap::core::set_checked_mode);
-  m.impl("_get_checked", &kvswap::core::get_checked_mode);
-}

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "core.h"
+#include "op_kernels.h"
 
 namespace kvswap {
 namespace core {
@@ -56,6 +57,8 @@ Descriptors plan_checked_pointer_batch(const at::Tensor& src_ptrs, const at::Ten
   });
 }
 
+}  // namespace
+
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
   const auto device = pointer_op_device();
@@ -72,6 +75,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::
   auto [s, d, z] = plan.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
+
+namespace {
 
 // Where a block copy runs, after the checks that need no id values: the
 // cache pairs' layouts, the device whose engine copies, and the direction.
@@ -144,6 +149,8 @@ std::atomic<int> g_copy_method{static_cast<int>(CopyMethod::kAuto)};
 // both paths at 2, 16 and 256 KiB (docs/performance.md, GPU section).
 constexpr int64_t kKernelPathMaxBlockBytes = 32 * 1024;
 
+}  // namespace
+
 void set_copy_method(c10::string_view method) {
   CopyMethod m;
   if (method == "auto") {
@@ -168,6 +175,8 @@ std::string get_copy_method() {
       return "auto";
   }
 }
+
+namespace {
 
 const c10::TypedOperatorHandle<void(at::TensorList, at::TensorList, const at::Tensor&,
                                     const at::Tensor&)>&
@@ -294,6 +303,8 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
                               sid, did);
 }
 
+}  // namespace
+
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
                  const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
   const auto route = before_any_copy(
@@ -333,36 +344,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList s
   });
 }
 
-}  // namespace
-
 }  // namespace core
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
-  m.impl("swap_blocks_batch", &kvswap::core::swap_blocks_batch);
-  m.impl("_plan_swap_blocks_batch", &kvswap::core::plan_swap_blocks_batch);
-}
-
-// The tensor op and its dry run are device-generic kernels: they read the
-// tensors' devices and hand descriptors to that device's engine. They are
-// registered for every key an engine may serve, so a mixed host/accelerator
-// call, which the dispatcher routes by its accelerator tensor, lands here too.
-namespace kvswap {
-namespace core {
-namespace {
-void register_device_generic(torch::Library& m) {
-  m.impl("swap_blocks", &swap_blocks);
-  m.impl("_plan_swap_blocks", &plan_swap_blocks);
-}
-}  // namespace
-}  // namespace core
-}  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) { kvswap::core::register_device_generic(m); }
-TORCH_LIBRARY_IMPL(kvswap, CUDA, m) { kvswap::core::register_device_generic(m); }
-TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) { kvswap::core::register_device_generic(m); }
-
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_set_copy_method", &kvswap::core::set_copy_method);
-  m.impl("_get_copy_method", &kvswap::core::get_copy_method);
-}
