@@ -15,7 +15,7 @@
 namespace kvswap {
 namespace core {
 
-// --- routing.cpp: the copy ops and their dry runs, the copy method ----------
+// --- ops.cpp: the copy ops and their dry runs, the copy method --------------
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::Tensor& src_ptrs,

@@ -165,12 +165,12 @@ MUTANTS = [
          replace="  kHostToDevice = 1,\n  kDeviceToHost = 0,",
          tests=[f"{BATCH}::test_direction_enum_matches_the_cpp_codes", FAKE_DEVICE],
          why="every accelerator copy goes the wrong way (the enum no longer has the public codes)"),
-    dict(name="accelerator_routes_sorted", file="csrc/core/routing.cpp",
+    dict(name="accelerator_routes_sorted", file="csrc/core/ops.cpp",
          find="if (route.device.is_cpu() && n > 1 && !std::is_sorted(sid, sid + n)) {",
          replace="if (n > 1 && !std::is_sorted(sid, sid + n)) {",
          tests=[FAKE_DEVICE],
          why="accelerator engines get blocks reordered (docs promise the caller's order)"),
-    # The check in swap_blocks (routing.cpp) also spares the host allocator a
+    # The check in swap_blocks (ops.cpp) also spares the host allocator a
     # record; removing it alone is equivalent for the engine, which submit's
     # check keeps from being asked.
     dict(name="empty_batch_reaches_engine", file="csrc/core/engines.cpp",

@@ -1,4 +1,4 @@
-// Routing and the kernels of the copy ops: which engine and which path
+// The kernels of the copy ops and their dry runs: which engine and which path
 // (descriptors and DMA, or an engine's copy kernel) serves a call, and the
 // process-wide copy-method choice.
 #include <ATen/DeviceAccelerator.h>
@@ -86,6 +86,12 @@ struct BlockCopyRoute {
   c10::Device device;
 };
 
+// A host-to-host route has no direction code of its own: the public codes
+// (kvswap.h) are the pointer op's three. The host engine copies with memcpy
+// whichever it is handed and only checks that it is one of them; this is the
+// one it is handed.
+constexpr Direction kHostToHostDirection = Direction::kHostToDevice;
+
 BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_caches,
                                 const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
   check_ids_tensor(src_block_ids, "src_block_ids");
@@ -97,8 +103,7 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
   const auto src_dev = common_device(src_caches, "src_caches").value_or(c10::Device("cpu"));
   const auto dst_dev = common_device(dst_caches, "dst_caches").value_or(c10::Device("cpu"));
   if (src_dev.is_cpu() && dst_dev.is_cpu()) {
-    // The host engine; it does not look at the direction.
-    return {std::move(pairs), Direction::kHostToDevice, src_dev};
+    return {std::move(pairs), kHostToHostDirection, src_dev};  // the host engine
   }
   if (src_dev.is_cpu()) return {std::move(pairs), Direction::kHostToDevice, dst_dev};
   if (dst_dev.is_cpu()) return {std::move(pairs), Direction::kDeviceToHost, src_dev};
@@ -111,8 +116,9 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
 // ids on an accelerator are brought over (a synchronizing copy). swap_blocks
 // never comes here with device ids during capture (choose_path); the dry run
 // `_plan_swap_blocks` can, and is refused.
-Descriptors describe_block_copy(const BlockCopyRoute& route, const at::Tensor& src_block_ids,
-                                const at::Tensor& dst_block_ids) {
+Descriptors check_ids_and_build_descriptors(const BlockCopyRoute& route,
+                                            const at::Tensor& src_block_ids,
+                                            const at::Tensor& dst_block_ids) {
   TORCH_CHECK_VALUE((src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) ||
                         !stream_capturing(route.device),
                     "swap_blocks: the current stream of ", route.device, " is being captured, and "
@@ -324,7 +330,7 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
   // queued is not handed out again before the copy has run.
   const bool ascend = route.device.type() == c10::DeviceType::PrivateUse1;
   const auto descriptors = before_any_copy([&] {
-    auto d = describe_block_copy(route, src_block_ids, dst_block_ids);
+    auto d = check_ids_and_build_descriptors(route, src_block_ids, dst_block_ids);
     if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
     return d;
   });
@@ -340,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList s
                                                                 const at::Tensor& dst_block_ids) {
   return before_any_copy([&] {
     const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
-    return describe_block_copy(route, src_block_ids, dst_block_ids).rows();
+    return check_ids_and_build_descriptors(route, src_block_ids, dst_block_ids).rows();
   });
 }
 
