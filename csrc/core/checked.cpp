@@ -340,13 +340,11 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                          const char* op) {
   // The tensors passed plan_pointer_batch's checks: int64, 1-D, CPU, equal
   // lengths, sizes >= 0, no range that wraps.
-  const auto src_c = src_ptrs.contiguous();
-  const auto dst_c = dst_ptrs.contiguous();
-  const auto size_c = sizes.contiguous();
-  const int64_t* src = src_c.const_data_ptr<int64_t>();
-  const int64_t* dst = dst_c.const_data_ptr<int64_t>();
-  const int64_t* size = size_c.const_data_ptr<int64_t>();
-  const int64_t n = src_c.numel();
+  const DescriptorArrays arrays(src_ptrs, dst_ptrs, sizes);
+  const int64_t* src = arrays.src;
+  const int64_t* dst = arrays.dst;
+  const int64_t* size = arrays.size;
+  const int64_t n = arrays.n;
   const auto direction = static_cast<Direction>(direction_code);
   const auto snap = RegionTable::instance().snapshot();
   const Side src_side = direction == Direction::kHostToDevice ? Side::kHost : Side::kDevice;

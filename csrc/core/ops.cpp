@@ -44,16 +44,22 @@ c10::Device pointer_op_device() {
   return c10::Device(*accelerator, at::accelerator::getDeviceIndex());
 }
 
-// The pointer op's descriptors, after every check (checked mode's too);
-// nothing is submitted yet.
-Descriptors plan_checked_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                                       const at::Tensor& sizes, int64_t direction, c10::Device device) {
+// The pointer op's descriptors, after every check (checked mode's too), and
+// the device their copies are issued on; nothing is submitted yet.
+struct PointerPlan {
+  Descriptors descriptors;
+  c10::Device device;
+};
+
+PointerPlan plan_pointer_op(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                            const at::Tensor& sizes, int64_t direction) {
+  const auto device = pointer_op_device();
   return before_any_copy([&] {
     auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
     if (checked_mode()) {  // before anything is submitted (docs/checked.md)
       check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
     }
-    return plan;
+    return PointerPlan{std::move(plan), device};
   });
 }
 
@@ -61,18 +67,16 @@ Descriptors plan_checked_pointer_batch(const at::Tensor& src_ptrs, const at::Ten
 
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
-  const auto device = pointer_op_device();
-  const auto plan = plan_checked_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  submit(plan, static_cast<Direction>(direction), device);  // an empty plan asks no engine
+  const auto plan = plan_pointer_op(src_ptrs, dst_ptrs, sizes, direction);
+  // An empty plan asks no engine.
+  submit(plan.descriptors, static_cast<Direction>(direction), plan.device);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::Tensor& src_ptrs,
                                                                       const at::Tensor& dst_ptrs,
                                                                       const at::Tensor& sizes,
                                                                       int64_t direction) {
-  const auto device = pointer_op_device();
-  const auto plan = plan_checked_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  auto [s, d, z] = plan.rows();
+  auto [s, d, z] = plan_pointer_op(src_ptrs, dst_ptrs, sizes, direction).descriptors.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
 
