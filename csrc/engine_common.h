@@ -22,7 +22,7 @@ namespace kvswap {
 
 // "descriptor 3: src 0x... -> dst 0x..., 4096 bytes, device_to_host", for
 // error messages that must say which copy failed.
-inline std::string describe_descriptor(const CopyBatch& b, int64_t i) {
+inline std::string format_descriptor(const CopyBatch& b, int64_t i) {
   std::ostringstream out;
   out << "descriptor " << i << ": src 0x" << std::hex << b.src[i] << " -> dst 0x" << b.dst[i]
       << std::dec << ", " << b.size[i] << " bytes, "

@@ -5,8 +5,8 @@
 //   core/             the device-generic core, one file per concern:
 //                       validation.cpp   every check of a call's tensors and ids;
 //                       descriptors.cpp  descriptor building, merging, ordering;
-//                       routing.cpp      which engine and path serve a call, and
-//                                        the kernels of the copy ops;
+//                       ops.cpp          the kernels of the copy ops: which
+//                                        engine and path serve a call;
 //                       engines.cpp      engine lookup, descriptor tables' pool
 //                                        (core.h), submission to an engine;
 //                       expand_block_ids.cpp;

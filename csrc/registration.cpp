@@ -1,6 +1,7 @@
-// Every schema of the `kvswap` namespace, declared once. Kernels are added by
-// csrc/core/ (public ops) and by the engines (`_submit`, ...) under their own keys;
-// fake kernels live in torch_kvswap/fake_kernels.py.
+// Every schema of the `kvswap` namespace, declared once. The core's kernels
+// are registered in csrc/core/registration_core.cpp, each engine's (`_submit`,
+// ...) in its own file under its own key; fake kernels live in
+// torch_kvswap/fake_kernels.py.
 #include <torch/library.h>
 
 #include "python_module.h"

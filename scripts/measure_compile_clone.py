@@ -16,7 +16,7 @@ from torch._C import DispatchKey
 from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 
 import torch_kvswap
-from torch_kvswap import fake_kernels as _fake
+from torch_kvswap import _compile_hooks
 
 BLOCK = 4096
 CACHE_MIB = 16
@@ -58,7 +58,7 @@ def main() -> None:
         finally:
             auto_functionalized_v2.py_kernels[key] = hooked
             auto_functionalized_v2._dispatch_cache.clear()
-    assert _fake.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR
+    assert _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR
 
 
 if __name__ == "__main__":

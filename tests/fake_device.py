@@ -60,7 +60,7 @@ _alive: dict[int, tuple] = {}  # what each handed-out tensor's memory depends on
 
 
 @_DELETER
-def _release(managed) -> None:
+def _free_dlpack_tensor(managed) -> None:
     _alive.pop(ctypes.addressof(managed.contents), None)
 
 
@@ -97,7 +97,7 @@ def on_fake_device(host: torch.Tensor, index: int = 0) -> torch.Tensor:
     managed.dl_tensor.dtype = _DLDataType(code, host.element_size() * 8, 1)
     managed.dl_tensor.shape = shape
     managed.dl_tensor.strides = strides
-    managed.deleter = _release
+    managed.deleter = _free_dlpack_tensor
     _alive[ctypes.addressof(managed)] = (host, shape, strides, managed)
     new_capsule = ctypes.pythonapi.PyCapsule_New
     new_capsule.restype = ctypes.py_object

@@ -61,7 +61,7 @@ def test_pointer_op_survives_when_its_result_is_unused(fresh_compile):
 
 # Backends that functionalize the tensor op: Inductor re-inplaces it;
 # aot_eager (and cudagraphs, which runs the same graph) would clone every
-# destination base on every call without torch_kvswap's hook (fake_kernels.py).
+# destination base on every call without torch_kvswap's hook (_compile_hooks.py).
 BACKENDS = ["inductor", "aot_eager"]
 
 
@@ -69,7 +69,7 @@ def in_place_or_skip(backend: str) -> None:
     """aot_eager writes in place through torch_kvswap's hook, which needs
     torch's auto_functionalized_v2 as torch 2.13 has it; on an older torch
     where it cannot be installed, the clone is a known limit (docs/ops.md)."""
-    if backend == "inductor" or torch_kvswap.fake_kernels.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
+    if backend == "inductor" or torch_kvswap._compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
         return
     if release(torch.__version__)[:2] >= (2, 13):
         raise AssertionError("torch_kvswap's in-place hook for aot_eager did not install")

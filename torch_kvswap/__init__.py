@@ -28,7 +28,8 @@ from . import _loader
 _loader.load_core()
 ENGINES = _loader.load_engines()
 
-from . import fake_kernels  # noqa: E402,F401 - registers fake kernels and effects
+from . import fake_kernels  # noqa: E402,F401 - registers the fake kernels
+from . import _compile_hooks  # noqa: E402,F401 - the effects and hooks torch.compile needs
 from .ops import (  # noqa: E402
     Direction,
     expand_block_ids,

@@ -181,6 +181,28 @@ class OffloaderChecks:
                     return job_id
         raise AssertionError("the tracker's counts and its jobs disagree")
 
+    def _refuse_store_over_load(self, job_id: int, g: int, h: int, ids: np.ndarray,
+                                busy: np.ndarray, device: bool) -> None:
+        """A store of group ``g`` may not write host rows ``ids`` (device=False)
+        that a pending load of group ``h`` reads, nor read device blocks ``ids``
+        that one writes; ``busy`` marks the ids a pending load of ``h`` uses."""
+        hit = np.flatnonzero(busy)
+        if not hit.size:
+            return
+        first = int(ids[hit[0]])
+        other = self._pending_load([h], ids[hit[:1]], device=device)
+        if device:
+            raise ValueError(
+                f"checked mode: store job {job_id} reads device block {first} "
+                f"(group {g}), which load job {other} is still writing (not yet "
+                "reported finished by get_finished() nor waited for); the store would save a "
+                f"half-loaded block. Store after job {other} is reported")
+        raise ValueError(
+            f"checked mode: store job {job_id} writes {self._where(first, g)}, "
+            f"which load job {other} still reads (not yet reported finished by "
+            "get_finished() nor waited for); the load would copy a mix of old and new data. "
+            f"Store after job {other} is reported")
+
     def admit(self, job: Any) -> None:
         """Checks a job about to be queued and records it; raises ValueError naming the jobs."""
         is_store = job.is_store
@@ -193,24 +215,10 @@ class OffloaderChecks:
             related = self._related[g]
             if is_store:
                 for h in related:
-                    hit = np.flatnonzero(self._reading[h, host] > 0)
-                    if hit.size:
-                        row = int(host[hit[0]])
-                        other = self._pending_load([h], host[hit[:1]], device=False)
-                        raise ValueError(
-                            f"checked mode: store job {job.job_id} writes {self._where(row, g)}, "
-                            f"which load job {other} still reads (not yet reported finished by "
-                            "get_finished() nor waited for); the load would copy a mix of old and new data. "
-                            f"Store after job {other} is reported")
-                    hit = np.flatnonzero(self._writing[h, dev] > 0)
-                    if hit.size:
-                        block = int(dev[hit[0]])
-                        other = self._pending_load([h], dev[hit[:1]], device=True)
-                        raise ValueError(
-                            f"checked mode: store job {job.job_id} reads device block {block} "
-                            f"(group {g}), which load job {other} is still writing (not yet "
-                            "reported finished by get_finished() nor waited for); the store would save a "
-                            f"half-loaded block. Store after job {other} is reported")
+                    self._refuse_store_over_load(job.job_id, g, h, host, self._reading[h, host] > 0,
+                                                 device=False)
+                    self._refuse_store_over_load(job.job_id, g, h, dev, self._writing[h, dev] > 0,
+                                                 device=True)
             else:
                 for h in related:
                     hit = np.flatnonzero(self._storing[h, host] != _EMPTY)

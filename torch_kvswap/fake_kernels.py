@@ -1,20 +1,16 @@
-"""Fake (meta) kernels of every ``kvswap`` operator, and their side effects.
+"""Fake (meta) kernels of every ``kvswap`` operator.
 
-This is the one place where torch.compile learns what each op does to shapes
-and to memory. The checks mirror the C++ core's with ``torch._check`` so that
+This is the one place where torch.compile learns what each op does to shapes.
+What it must know about side effects and in-place writes goes through torch
+internals, in _compile_hooks.py. The checks mirror the C++ core's with ``torch._check`` so that
 a malformed call fails at trace time as it would in eager mode.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
-import warnings
 
 import torch
-
-_ORDERED_EFFECT_OPS = ("kvswap::swap_blocks_batch",)
 
 
 def _refuse_unless(cond, message) -> None:
@@ -47,8 +43,10 @@ def _check_one_device(caches, name: str) -> None:
 
 @torch.library.register_fake("kvswap::swap_blocks")
 def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
-    if not DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
-        _warn_destinations_cloned()
+    from . import _compile_hooks  # imported by the package after this module
+
+    if not _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
+        _compile_hooks.warn_destinations_cloned()
     _refuse_unless(len(src_caches) == len(dst_caches),
                  lambda: f"src_caches has {len(src_caches)} tensors but dst_caches has "
                          f"{len(dst_caches)}")
@@ -136,80 +134,3 @@ def _plan_swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids)
 def _plan_swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
     _swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction)
     return _plan_fake()
-
-
-def _register_ordered_effect(qualname: str) -> None:
-    """Marks an op as an ordered side effect for torch.compile, so that it is
-    kept and ordered although it returns nothing and mutates nothing visible."""
-    from torch._higher_order_ops.effects import _EffectType
-
-    op = getattr(getattr(torch.ops, qualname.split("::")[0]), qualname.split("::")[1]).default
-    torch.library._register_effectful_op(op, _EffectType.ORDERED)
-
-
-for _qualname in _ORDERED_EFFECT_OPS:
-    _register_ordered_effect(_qualname)
-
-
-# --- swap_blocks writes its destinations in place under every backend --------
-#
-# Under torch.compile the tensor op is functionalized: AOTAutograd records it
-# as the higher-order op auto_functionalized_v2, whose eager implementation
-# clones every destination base (a whole host cache) on every call, runs the
-# op on the clones and copies them back. Inductor's re-inplacing pass removes
-# that clone; backends without Inductor (aot_eager, and cudagraphs, which
-# runs the same AOT graph) have no such pass, so a call that copies one block
-# into a 16 MiB host cache also cloned and copied back 16 MiB
-# (docs/ops.md, "Backends without Inductor").
-#
-# The clone is never needed for this op in those graphs: they run node by
-# node in program order, so every node that reads a destination's old value
-# has run before the op, and every later reader reads the op's result, which
-# the clone would only hand back. The op's own checks make its reads and
-# writes of one call disjoint, as in eager mode. So for kvswap::swap_blocks,
-# and for calls where nobody chose which bases to clone (Inductor's
-# decomposition passes its own choice and calls the implementation
-# directly), the eager implementation is told to clone nothing. Every other
-# op keeps torch's behaviour.
-
-
-def _keep_swap_blocks_in_place() -> bool:
-    """Wraps auto_functionalized_v2's eager kernel; False where this torch lacks it."""
-    try:
-        from torch._C import DispatchKey
-        from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
-
-        dense = auto_functionalized_v2.py_kernels[DispatchKey.CompositeExplicitAutograd]
-    except (ImportError, AttributeError, KeyError):
-        return False
-    if getattr(dense, "_kvswap_in_place", False):
-        return True
-    if "_only_clone_these_bases" not in inspect.signature(dense).parameters:
-        return False
-    swap_blocks = torch.ops.kvswap.swap_blocks.default
-
-    @functools.wraps(dense)
-    def in_place_for_swap_blocks(_mutable_op, _only_clone_these_bases=None, **kwargs):
-        if _mutable_op is swap_blocks and _only_clone_these_bases is None:
-            _only_clone_these_bases = ()
-        return dense(_mutable_op, _only_clone_these_bases=_only_clone_these_bases, **kwargs)
-
-    in_place_for_swap_blocks._kvswap_in_place = True  # type: ignore[attr-defined]
-    auto_functionalized_v2.py_kernels[DispatchKey.CompositeExplicitAutograd] = in_place_for_swap_blocks
-    auto_functionalized_v2._dispatch_cache.clear()
-    return True
-
-
-@functools.cache
-def _warn_destinations_cloned() -> None:
-    warnings.warn(
-        f"torch_kvswap: on torch {torch.__version__}, kvswap::swap_blocks cannot be kept in place "
-        "under torch.compile backends without Inductor (aot_eager, cudagraphs): they clone every "
-        "destination cache on every call. backend='inductor' (the default) writes in place.",
-        RuntimeWarning, stacklevel=2)
-
-
-#: Whether swap_blocks writes its destinations in place under aot_eager and
-#: cudagraphs too (Inductor always does). Tested by
-#: tests/test_compile.py::test_tensor_op_writes_in_place_under_every_backend.
-DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR = _keep_swap_blocks_in_place()

@@ -90,7 +90,7 @@ void check_device_to_device_alignment(const CopyBatch& b) {
           (kDeviceToDeviceAlignment - 1)) == 0) {
     ++i;
   }
-  TORCH_CHECK_VALUE(false, "kvswap Ascend engine: ", describe_descriptor(b, i),
+  TORCH_CHECK_VALUE(false, "kvswap Ascend engine: ", format_descriptor(b, i),
                     ": device-to-device copies need 64-byte-aligned source and destination "
                     "addresses (CANN acl_rt.h, aclrtMemcpyAsync); ", left_behind(0, 0));
 }
@@ -265,7 +265,7 @@ int64_t Engine::copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIn
     const int64_t failed = first + static_cast<int64_t>(fail_index);
     TORCH_CHECK(false, "kvswap Ascend engine: aclrtMemcpyBatchAsync of descriptors ", first, "..",
                 first + static_cast<int64_t>(n) - 1, " failed: ", acl_message(err), "; ",
-                known ? "failed at " + describe_descriptor(b, failed) : "no failing descriptor reported",
+                known ? "failed at " + format_descriptor(b, failed) : "no failing descriptor reported",
                 "; ", left_behind(first, known ? failed : first + static_cast<int64_t>(n)),
                 "; nothing was re-issued");
   }
@@ -280,7 +280,7 @@ void Engine::copy_each(const CopyBatch& b, int64_t first, AclStream stream) {
     // A failed copy may have queued its first pieces: CANN splits a large
     // copy into several tasks (src/runtime/api/impl/api_impl_david.cc:941-950).
     TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtMemcpyAsync failed at ",
-                describe_descriptor(b, i), ": ", acl_message(err), "; ", left_behind(i, i + 1));
+                format_descriptor(b, i), ": ", acl_message(err), "; ", left_behind(i, i + 1));
   }
 }
 

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "core.h"
+#include "op_kernels.h"
 
 namespace kvswap {
 namespace core {
@@ -339,13 +340,11 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                          const char* op) {
   // The tensors passed plan_pointer_batch's checks: int64, 1-D, CPU, equal
   // lengths, sizes >= 0, no range that wraps.
-  const auto src_c = src_ptrs.contiguous();
-  const auto dst_c = dst_ptrs.contiguous();
-  const auto size_c = sizes.contiguous();
-  const int64_t* src = src_c.const_data_ptr<int64_t>();
-  const int64_t* dst = dst_c.const_data_ptr<int64_t>();
-  const int64_t* size = size_c.const_data_ptr<int64_t>();
-  const int64_t n = src_c.numel();
+  const DescriptorArrays arrays(src_ptrs, dst_ptrs, sizes);
+  const int64_t* src = arrays.src;
+  const int64_t* dst = arrays.dst;
+  const int64_t* size = arrays.size;
+  const int64_t n = arrays.n;
   const auto direction = static_cast<Direction>(direction_code);
   const auto snap = RegionTable::instance().snapshot();
   const Side src_side = direction == Direction::kHostToDevice ? Side::kHost : Side::kDevice;
@@ -448,8 +447,6 @@ void check_device_resident_ids(const at::Tensor& src_block_ids, const at::Tensor
   check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
 }
 
-namespace {
-
 int64_t register_region(const at::Tensor& region, c10::string_view side, c10::string_view label) {
   Side s;
   if (side == "host") {
@@ -483,15 +480,5 @@ std::vector<std::string> region_labels() {
 
 bool get_checked_mode() { return checked_mode(); }
 
-}  // namespace
-
 }  // namespace core
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_register_region", &kvswap::core::register_region);
-  m.impl("_unregister_region", &kvswap::core::unregister_region);
-  m.impl("_region_labels", &kvswap::core::region_labels);
-  m.impl("_set_checked", &kvswap::core::set_checked_mode);
-  m.impl("_get_checked", &kvswap::core::get_checked_mode);
-}

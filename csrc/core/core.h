@@ -169,6 +169,28 @@ struct PairLayout {
 // `expected_len` entries.
 void check_descriptor_tensor(const at::Tensor& t, const char* name, int64_t expected_len);
 
+// The three descriptor tensors of a pointer-op call that passed
+// check_descriptor_tensor, as contiguous int64 arrays of n entries (kept
+// alive here) for the loops that read them.
+class DescriptorArrays {
+  at::Tensor src_t_, dst_t_, size_t_;  // first: the pointers below read them
+
+ public:
+  DescriptorArrays(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes)
+      : src_t_(src_ptrs.contiguous()),
+        dst_t_(dst_ptrs.contiguous()),
+        size_t_(sizes.contiguous()),
+        src(src_t_.const_data_ptr<int64_t>()),
+        dst(dst_t_.const_data_ptr<int64_t>()),
+        size(size_t_.const_data_ptr<int64_t>()),
+        n(src_t_.numel()) {}
+
+  const int64_t* src;
+  const int64_t* dst;
+  const int64_t* size;
+  int64_t n;
+};
+
 // The device shared by every tensor of `caches` (none for an empty list).
 std::optional<c10::Device> common_device(at::TensorList caches, const char* list);
 

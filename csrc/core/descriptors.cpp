@@ -114,13 +114,11 @@ Descriptors plan_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst
   check_descriptor_tensor(dst_ptrs, "dst_ptrs", src_ptrs.numel());
   check_descriptor_tensor(sizes, "sizes", src_ptrs.numel());
 
-  const auto src_c = src_ptrs.contiguous();
-  const auto dst_c = dst_ptrs.contiguous();
-  const auto size_c = sizes.contiguous();
-  const int64_t* src = src_c.const_data_ptr<int64_t>();
-  const int64_t* dst = dst_c.const_data_ptr<int64_t>();
-  const int64_t* size = size_c.const_data_ptr<int64_t>();
-  const int64_t n = src_ptrs.numel();
+  const DescriptorArrays arrays(src_ptrs, dst_ptrs, sizes);
+  const int64_t* src = arrays.src;
+  const int64_t* dst = arrays.dst;
+  const int64_t* size = arrays.size;
+  const int64_t n = arrays.n;
 
   Descriptors out(n);
   int64_t total = 0;

@@ -17,7 +17,6 @@
 #endif
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/library.h>
 
 #include <string>
 #include <vector>
@@ -106,8 +105,6 @@ bool stream_capturing(c10::Device device) {
   return op.redispatch(c10::DispatchKeySet(key), device);
 }
 
-namespace {
-
 std::string direction_name_op(int64_t direction) { return direction_name(direction); }
 
 // Host-buffer pinning is the accelerator engine's business; the core only
@@ -139,15 +136,5 @@ std::vector<std::string> engine_report_op(c10::Device device) {
   return op.redispatch(c10::DispatchKeySet(key), device);
 }
 
-}  // namespace
-
 }  // namespace core
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) { m.impl("_host_register", &kvswap::core::host_register); }
-
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_direction_name", &kvswap::core::direction_name_op);
-  m.impl("_stream_capturing", &kvswap::core::stream_capturing_op);
-  m.impl("_engine_report", &kvswap::core::engine_report_op);
-}

@@ -1,8 +1,7 @@
 // expand_block_ids: host block ids to device sub-block ids.
 #include <c10/util/irange.h>
-#include <torch/library.h>
-
 #include "core.h"
+#include "op_kernels.h"
 
 namespace kvswap {
 namespace core {
@@ -28,6 +27,8 @@ ExpandShape check_expand_args(const at::Tensor& block_ids, int64_t factor, int64
                     " entries; times block_size_factor ", factor, " overflows int64");
   return {n, n == 0 ? 0 : n * factor - skip_count, (kInt64Max - (factor - 1)) / factor};
 }
+
+}  // namespace
 
 // The accelerator path: the same arithmetic with ATen ops, on the ids'
 // device; the checks read the ids back to the host (a synchronizing copy).
@@ -70,14 +71,5 @@ at::Tensor expand_block_ids(const at::Tensor& block_ids, int64_t factor, int64_t
   return out;
 }
 
-}  // namespace
-
 }  // namespace core
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) { m.impl("expand_block_ids", &kvswap::core::expand_block_ids); }
-TORCH_LIBRARY_IMPL(kvswap, CUDA, m) { m.impl("expand_block_ids", &kvswap::core::expand_block_ids); }
-TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) { m.impl("expand_block_ids", &kvswap::core::expand_block_ids); }
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_expand_block_ids_aten", &kvswap::core::expand_with_tensor_ops);
-}

@@ -280,7 +280,7 @@ void copy_each(const CopyBatch& b, cudaStream_t stream, bool& queued) {
   for (int64_t i = 0; i < b.count; ++i) {
     KVSWAP_CUDA_CHECK(a.memcpy_async(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]),
                                      kind, stream),
-                      describe_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");
+                      format_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");
     queued = true;
   }
 }
@@ -326,7 +326,7 @@ bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vect
     TORCH_CHECK(false, "kvswap CUDA engine: cudaMemcpyBatchAsync failed: ", describe_error(err), ". ",
                 b.count, " descriptors (", direction_name(static_cast<int64_t>(b.direction)), "); ",
                 fail_index < static_cast<size_t>(b.count)
-                    ? "the runtime names " + describe_descriptor(b, static_cast<int64_t>(fail_index)) + "; "
+                    ? "the runtime names " + format_descriptor(b, static_cast<int64_t>(fail_index)) + "; "
                     : std::string(),
                 "any of them may have been queued, wholly or in part (the runtime does not say how far "
                 "it got), and what was will still run");

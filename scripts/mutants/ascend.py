@@ -54,7 +54,7 @@ MUTANTS = [
     ),
     dict(
         name="ascend-pageable-host-caches-accepted",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="    if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=FAKE,
@@ -119,15 +119,15 @@ MUTANTS = [
     dict(
         name="ascend-error-hides-queued-copies",
         file="csrc/ascend/ascend_engine.cpp",
-        find="describe_descriptor(b, i), \": \", acl_message(err), \"; \", left_behind(i, i + 1));",
-        replace="describe_descriptor(b, i), \": \", acl_message(err));",
+        find="format_descriptor(b, i), \": \", acl_message(err), \"; \", left_behind(i, i + 1));",
+        replace="format_descriptor(b, i), \": \", acl_message(err));",
         tests=FAKE,
         why="finding 10: the error does not say copies 0..i-1 were queued "
             "(test_10_error_names_the_copies_already_queued)",
     ),
     dict(
         name="ascend-pinned-use-not-recorded",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="  if (ascend) record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=FAKE,

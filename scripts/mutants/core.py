@@ -165,12 +165,12 @@ MUTANTS = [
          replace="  kHostToDevice = 1,\n  kDeviceToHost = 0,",
          tests=[f"{BATCH}::test_direction_enum_matches_the_cpp_codes", FAKE_DEVICE],
          why="every accelerator copy goes the wrong way (the enum no longer has the public codes)"),
-    dict(name="accelerator_routes_sorted", file="csrc/core/routing.cpp",
+    dict(name="accelerator_routes_sorted", file="csrc/core/ops.cpp",
          find="if (route.device.is_cpu() && n > 1 && !std::is_sorted(sid, sid + n)) {",
          replace="if (n > 1 && !std::is_sorted(sid, sid + n)) {",
          tests=[FAKE_DEVICE],
          why="accelerator engines get blocks reordered (docs promise the caller's order)"),
-    # The check in swap_blocks (routing.cpp) also spares the host allocator a
+    # The check in swap_blocks (ops.cpp) also spares the host allocator a
     # record; removing it alone is equivalent for the engine, which submit's
     # check keeps from being asked.
     dict(name="empty_batch_reaches_engine", file="csrc/core/engines.cpp",
@@ -249,23 +249,23 @@ MUTANTS = [
          tests=[EXPAND],
          why="on an accelerator, negative ids give negative sub-block ids"),
 
-    # --- fake kernels and compile rules (torch_kvswap/fake_kernels.py) ----------------------
-    dict(name="ordered_effect_dropped", file="torch_kvswap/fake_kernels.py",
+    # --- compile hooks (torch_kvswap/_compile_hooks.py) and fake kernels (fake_kernels.py) ---
+    dict(name="ordered_effect_dropped", file="torch_kvswap/_compile_hooks.py",
          find='_ORDERED_EFFECT_OPS = ("kvswap::swap_blocks_batch",)',
          replace="_ORDERED_EFFECT_OPS = ()",
          tests=[COMPILE, REGISTRY],
          why="torch.compile drops the pointer op (its result is unused) or reorders it"),
-    dict(name="aot_eager_clones_destinations", file="torch_kvswap/fake_kernels.py",
+    dict(name="aot_eager_clones_destinations", file="torch_kvswap/_compile_hooks.py",
          find="            _only_clone_these_bases = ()\n",
          replace="            pass\n",
          tests=[COMPILE],
          why="under aot_eager / cudagraphs every call clones the whole destination cache"),
-    dict(name="in_place_hook_applies_to_every_op", file="torch_kvswap/fake_kernels.py",
+    dict(name="in_place_hook_applies_to_every_op", file="torch_kvswap/_compile_hooks.py",
          find="if _mutable_op is swap_blocks and _only_clone_these_bases is None:",
          replace="if _only_clone_these_bases is None:",
          tests=[COMPILE],
          why="other libraries' mutating ops lose the clone torch's semantics need"),
-    dict(name="inductor_reinplacing_off", file="torch_kvswap/fake_kernels.py",
+    dict(name="inductor_reinplacing_off", file="torch_kvswap/_compile_hooks.py",
          find="for _qualname in _ORDERED_EFFECT_OPS:\n    _register_ordered_effect(_qualname)\n",
          replace="for _qualname in _ORDERED_EFFECT_OPS:\n    _register_ordered_effect(_qualname)\n"
                  "import torch._inductor.fx_passes.post_grad as _post_grad  # noqa: E402\n"

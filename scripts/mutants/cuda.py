@@ -89,7 +89,7 @@ MUTANTS = [
     ),
     dict(
         name="cuda-host-ids-moved-to-the-device",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="  const auto sid = src_block_ids.contiguous();\n  const auto did = dst_block_ids.contiguous();",
         replace="  const auto sid = src_block_ids.to(device, /*non_blocking=*/false).contiguous();\n"
                 "  const auto did = dst_block_ids.to(device, /*non_blocking=*/false).contiguous();",
@@ -100,7 +100,7 @@ MUTANTS = [
     ),
     dict(
         name="cuda-device-ids-under-capture-refused",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="(small || capturing)",
         replace="small",
         tests=[FAKE + "::test_auto_routes_device_ids_under_capture_to_the_kernel"],
@@ -156,7 +156,7 @@ MUTANTS = [
     # --- pinned host tensors: the allocator learns the copy's stream ---
     dict(
         name="cuda-pinned-use-not-recorded-dma",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="  if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
@@ -164,7 +164,7 @@ MUTANTS = [
     ),
     dict(
         name="cuda-pinned-use-not-recorded-kernel",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="    // The kernel reads or writes the mapped host caches when it runs.\n"
              "    record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
@@ -275,8 +275,8 @@ MUTANTS = [
     dict(
         name="cuda-per-copy-error-hides-queued-copies",
         file="csrc/cuda/cuda_engine.cpp",
-        find='describe_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");',
-        replace='describe_descriptor(b, i));',
+        find='format_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");',
+        replace='format_descriptor(b, i));',
         tests=[FAKE + "::test_a_per_copy_failure_names_the_descriptors_already_queued_and_they_land"],
         why="a failure at descriptor k of the per-copy path must say that descriptors 0..k-1 were queued "
             "and will still run",
@@ -439,7 +439,7 @@ MUTANTS = [
     ),
     dict(
         name="cuda-capture-of-large-blocks-per-descriptor",
-        file="csrc/core/routing.cpp",
+        file="csrc/core/ops.cpp",
         find="  if (kernel_available && (small || capturing) && mapped().value_or(false)) {",
         replace="  if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {",
         tests=[FAKE + "::test_a_capture_of_many_large_blocks_stays_a_few_graph_nodes"],

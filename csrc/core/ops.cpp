@@ -1,4 +1,4 @@
-// Routing and the kernels of the copy ops: which engine and which path
+// The kernels of the copy ops and their dry runs: which engine and which path
 // (descriptors and DMA, or an engine's copy kernel) serves a call, and the
 // process-wide copy-method choice.
 #include <ATen/DeviceAccelerator.h>
@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "core.h"
+#include "op_kernels.h"
 
 namespace kvswap {
 namespace core {
@@ -43,35 +44,43 @@ c10::Device pointer_op_device() {
   return c10::Device(*accelerator, at::accelerator::getDeviceIndex());
 }
 
-// The pointer op's descriptors, after every check (checked mode's too);
-// nothing is submitted yet.
-Descriptors plan_checked_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                                       const at::Tensor& sizes, int64_t direction, c10::Device device) {
+// The pointer op's descriptors, after every check (checked mode's too), and
+// the device their copies are issued on; nothing is submitted yet.
+struct PointerPlan {
+  Descriptors descriptors;
+  c10::Device device;
+};
+
+PointerPlan plan_pointer_op(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                            const at::Tensor& sizes, int64_t direction) {
+  const auto device = pointer_op_device();
   return before_any_copy([&] {
     auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
     if (checked_mode()) {  // before anything is submitted (docs/checked.md)
       check_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device, "swap_blocks_batch");
     }
-    return plan;
+    return PointerPlan{std::move(plan), device};
   });
 }
 
+}  // namespace
+
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                        const at::Tensor& sizes, int64_t direction) {
-  const auto device = pointer_op_device();
-  const auto plan = plan_checked_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  submit(plan, static_cast<Direction>(direction), device);  // an empty plan asks no engine
+  const auto plan = plan_pointer_op(src_ptrs, dst_ptrs, sizes, direction);
+  // An empty plan asks no engine.
+  submit(plan.descriptors, static_cast<Direction>(direction), plan.device);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::Tensor& src_ptrs,
                                                                       const at::Tensor& dst_ptrs,
                                                                       const at::Tensor& sizes,
                                                                       int64_t direction) {
-  const auto device = pointer_op_device();
-  const auto plan = plan_checked_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
-  auto [s, d, z] = plan.rows();
+  auto [s, d, z] = plan_pointer_op(src_ptrs, dst_ptrs, sizes, direction).descriptors.rows();
   return {s.clone(), d.clone(), z.clone()};
 }
+
+namespace {
 
 // Where a block copy runs, after the checks that need no id values: the
 // cache pairs' layouts, the device whose engine copies, and the direction.
@@ -80,6 +89,12 @@ struct BlockCopyRoute {
   Direction direction;
   c10::Device device;
 };
+
+// A host-to-host route has no direction code of its own: the public codes
+// (kvswap.h) are the pointer op's three. The host engine copies with memcpy
+// whichever it is handed and only checks that it is one of them; this is the
+// one it is handed.
+constexpr Direction kHostToHostDirection = Direction::kHostToDevice;
 
 BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_caches,
                                 const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
@@ -92,8 +107,7 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
   const auto src_dev = common_device(src_caches, "src_caches").value_or(c10::Device("cpu"));
   const auto dst_dev = common_device(dst_caches, "dst_caches").value_or(c10::Device("cpu"));
   if (src_dev.is_cpu() && dst_dev.is_cpu()) {
-    // The host engine; it does not look at the direction.
-    return {std::move(pairs), Direction::kHostToDevice, src_dev};
+    return {std::move(pairs), kHostToHostDirection, src_dev};  // the host engine
   }
   if (src_dev.is_cpu()) return {std::move(pairs), Direction::kHostToDevice, dst_dev};
   if (dst_dev.is_cpu()) return {std::move(pairs), Direction::kDeviceToHost, src_dev};
@@ -106,8 +120,9 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
 // ids on an accelerator are brought over (a synchronizing copy). swap_blocks
 // never comes here with device ids during capture (choose_path); the dry run
 // `_plan_swap_blocks` can, and is refused.
-Descriptors describe_block_copy(const BlockCopyRoute& route, const at::Tensor& src_block_ids,
-                                const at::Tensor& dst_block_ids) {
+Descriptors check_ids_and_build_descriptors(const BlockCopyRoute& route,
+                                            const at::Tensor& src_block_ids,
+                                            const at::Tensor& dst_block_ids) {
   TORCH_CHECK_VALUE((src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) ||
                         !stream_capturing(route.device),
                     "swap_blocks: the current stream of ", route.device, " is being captured, and "
@@ -144,6 +159,8 @@ std::atomic<int> g_copy_method{static_cast<int>(CopyMethod::kAuto)};
 // both paths at 2, 16 and 256 KiB (docs/performance.md, GPU section).
 constexpr int64_t kKernelPathMaxBlockBytes = 32 * 1024;
 
+}  // namespace
+
 void set_copy_method(c10::string_view method) {
   CopyMethod m;
   if (method == "auto") {
@@ -168,6 +185,8 @@ std::string get_copy_method() {
       return "auto";
   }
 }
+
+namespace {
 
 const c10::TypedOperatorHandle<void(at::TensorList, at::TensorList, const at::Tensor&,
                                     const at::Tensor&)>&
@@ -294,6 +313,8 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
                               sid, did);
 }
 
+}  // namespace
+
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
                  const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
   const auto route = before_any_copy(
@@ -313,7 +334,7 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
   // queued is not handed out again before the copy has run.
   const bool ascend = route.device.type() == c10::DeviceType::PrivateUse1;
   const auto descriptors = before_any_copy([&] {
-    auto d = describe_block_copy(route, src_block_ids, dst_block_ids);
+    auto d = check_ids_and_build_descriptors(route, src_block_ids, dst_block_ids);
     if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
     return d;
   });
@@ -329,40 +350,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList s
                                                                 const at::Tensor& dst_block_ids) {
   return before_any_copy([&] {
     const auto route = route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids);
-    return describe_block_copy(route, src_block_ids, dst_block_ids).rows();
+    return check_ids_and_build_descriptors(route, src_block_ids, dst_block_ids).rows();
   });
 }
 
-}  // namespace
-
 }  // namespace core
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
-  m.impl("swap_blocks_batch", &kvswap::core::swap_blocks_batch);
-  m.impl("_plan_swap_blocks_batch", &kvswap::core::plan_swap_blocks_batch);
-}
-
-// The tensor op and its dry run are device-generic kernels: they read the
-// tensors' devices and hand descriptors to that device's engine. They are
-// registered for every key an engine may serve, so a mixed host/accelerator
-// call, which the dispatcher routes by its accelerator tensor, lands here too.
-namespace kvswap {
-namespace core {
-namespace {
-void register_device_generic(torch::Library& m) {
-  m.impl("swap_blocks", &swap_blocks);
-  m.impl("_plan_swap_blocks", &plan_swap_blocks);
-}
-}  // namespace
-}  // namespace core
-}  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) { kvswap::core::register_device_generic(m); }
-TORCH_LIBRARY_IMPL(kvswap, CUDA, m) { kvswap::core::register_device_generic(m); }
-TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) { kvswap::core::register_device_generic(m); }
-
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_set_copy_method", &kvswap::core::set_copy_method);
-  m.impl("_get_copy_method", &kvswap::core::get_copy_method);
-}
