@@ -70,7 +70,8 @@ summary_lines = _shared.summary_lines
 
 #: The oldest torch release the package builds against and is tested with
 #: (README.md, "Install"): vllm-ascend's pin (torch 2.10.0 with torch-npu
-#: 2.10.0), the oldest of the releases its users run.
+#: 2.10.0), the oldest of the releases its users run. pyproject.toml's
+#: dependencies say the same (tests/test_install.py checks that they agree).
 MIN_TORCH = (2, 10)
 
 #: CUDA architectures compiled when no GPU is visible and
@@ -585,18 +586,11 @@ def main() -> None:
     if shutil.which("ninja") is None:
         print("warning: ninja not found; the build falls back to a slow serial compile", file=sys.stderr)
     engines = plan_engines(torch)
+    # The metadata is in pyproject.toml ([project]).
     setup(
-        name="torch_kvswap",
-        version="0.1.0",
-        description="Batched KV-cache block copies between accelerator and host memory for PyTorch",
-        long_description=(ROOT / "README.md").read_text(),
-        long_description_content_type="text/markdown",
         packages=find_packages(include=["torch_kvswap", "torch_kvswap.*"]),
         ext_modules=[e.extension for e in engines if e.extension is not None],
         cmdclass={"build_ext": make_build_command(torch, engines)},
-        python_requires=">=3.10",
-        install_requires=[f"torch>={'.'.join(map(str, MIN_TORCH))}", "numpy"],
-        extras_require={"plot": ["matplotlib"], "test": ["pytest", "hypothesis", "expecttest"]},
     )
 
 

@@ -312,6 +312,14 @@ def test_declared_torch_range_starts_at_min_torch():
     assert "torch>=2.10" in (ROOT / "README.md").read_text()
 
 
+def test_the_package_metadata_declares_the_torch_setup_py_builds_against():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floor = f"torch>={'.'.join(map(str, setup_py.MIN_TORCH))}"
+    assert floor in project["dependencies"]
+    assert project["name"] == "torch_kvswap" and "dynamic" not in project
+
+
 # ---------------------------------------------------------------- version guard
 
 
