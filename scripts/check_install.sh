@@ -4,8 +4,8 @@
 #   1. `pip install .` with build isolation stops within a minute and prints
 #      the right command (it must never build against another torch);
 #   2. an sdist is built, then a wheel from that sdist (as pip builds from
-#      PyPI); the wheel must hold no test-only extension (_fake*) and no test
-#      code;
+#      PyPI); the wheel must hold no test-only extension (_fake*), no test
+#      code and none of the build helpers (setup_helpers/);
 #   3. the wheel goes into a clean venv (.venv-wheel: torch, numpy) and a
 #      smoke test runs from outside the source tree (scripts/smoke_test.py):
 #      import, one swap_blocks against a plain reference, one offloader round
@@ -47,8 +47,9 @@ WHEEL="$(ls "$OUT"/torch_kvswap-*.whl)"
 "$BUILD_PY" - "$WHEEL" <<'EOF'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-bad = [n for n in names if n.split("/")[-1].startswith("_fake") or n.startswith("tests/") or "/tests/" in n]
-assert not bad, f"test-only files in the wheel: {bad}"
+bad = [n for n in names if n.split("/")[-1].startswith("_fake") or n.startswith(("tests/", "setup_helpers/"))
+       or "/tests/" in n]
+assert not bad, f"test or build-only files in the wheel: {bad}"
 assert any(n.startswith("torch_kvswap/_C.") and n.endswith(".so") for n in names), names
 assert "torch_kvswap/_build_info.json" in names, names
 print(f"[install] wheel: {len(names)} files, no _fake* module and no test code")

@@ -30,73 +30,75 @@ _spec = importlib.util.spec_from_file_location("kvswap_setup", ROOT / "setup.py"
 setup_py = importlib.util.module_from_spec(_spec)
 sys.modules["kvswap_setup"] = setup_py  # dataclasses look their module up
 _spec.loader.exec_module(setup_py)  # defines the build logic; setup() runs only as __main__
+from setup_helpers import build_command  # noqa: E402  (setup.py put the tree on the path)
+from setup_helpers import engines as build_engines  # noqa: E402
 
 NVCC_13_0 = ["7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
 
 
-def facts(**kw) -> "setup_py.Facts":
+def facts(**kw) -> "build_engines.Facts":
     base = dict(torch_version="2.15.0+cu130", torch_cuda="13.0", cuda_home="/usr/local/cuda",
                 nvcc_version="13.0", nvcc_archs=NVCC_13_0, visible_gpus=0, torch_npu_root=None,
                 cuda_headers="/usr/local/cuda/include", env={})
     base.update(kw)
-    return setup_py.Facts(**base)
+    return build_engines.Facts(**base)
 
 
 # ---------------------------------------------------------------- CUDA engine
 
 
 def test_cuda_engine_on_a_machine_with_nvcc_and_no_gpu_builds_for_the_default_archs():
-    d = setup_py.decide_cuda(facts())
+    d = build_engines.decide_cuda(facts())
     assert d.build and d.arch_list == "8.0;9.0;10.0;12.0+PTX"
 
 
 def test_nvcc_arch_listing_is_read_as_torch_arch_names():
     listing = "compute_75\ncompute_80\ncompute_90\ncompute_100\ncompute_120\ncompute_121\n"
-    assert setup_py.parse_gpu_archs(listing) == ["7.5", "8.0", "9.0", "10.0", "12.0", "12.1"]
+    assert build_engines.parse_gpu_archs(listing) == ["7.5", "8.0", "9.0", "10.0", "12.0", "12.1"]
 
 
 def test_default_archs_drop_what_nvcc_cannot_target_and_keep_ptx_on_the_newest():
-    d = setup_py.decide_cuda(facts(torch_cuda="12.4", nvcc_version="12.4",
-                                   nvcc_archs=["5.0", "7.5", "8.0", "8.6", "8.9", "9.0"]))
+    d = build_engines.decide_cuda(facts(torch_cuda="12.4", nvcc_version="12.4",
+                                        nvcc_archs=["5.0", "7.5", "8.0", "8.6", "8.9", "9.0"]))
     assert d.build and d.arch_list == "8.0;9.0+PTX"
 
 
 def test_no_default_arch_that_nvcc_supports_means_not_built_with_the_reason():
-    d = setup_py.decide_cuda(facts(nvcc_archs=["5.0", "6.0"]))
+    d = build_engines.decide_cuda(facts(nvcc_archs=["5.0", "6.0"]))
     assert not d.build and "targets none of" in d.reason and "TORCH_CUDA_ARCH_LIST" in d.enable
 
 
 def test_torch_cuda_arch_list_overrides_the_default():
-    d = setup_py.decide_cuda(facts(env={"TORCH_CUDA_ARCH_LIST": "9.0"}))
+    d = build_engines.decide_cuda(facts(env={"TORCH_CUDA_ARCH_LIST": "9.0"}))
     assert d.build and d.arch_list == "9.0"
 
 
 def test_a_visible_gpu_leaves_the_arch_choice_to_torch():
-    d = setup_py.decide_cuda(facts(visible_gpus=1))
+    d = build_engines.decide_cuda(facts(visible_gpus=1))
     assert d.build and d.arch_list is None
 
 
 def test_cpu_torch_skips_the_cuda_engine_and_says_how_to_enable_it():
-    d = setup_py.decide_cuda(facts(torch_version="2.13.0+cpu", torch_cuda=None))
+    d = build_engines.decide_cuda(facts(torch_version="2.13.0+cpu", torch_cuda=None))
     assert not d.build and "2.13.0+cpu is not a CUDA build" in d.reason and "CUDA build of torch" in d.enable
 
 
 def test_cpu_torch_with_the_cuda_engine_forced_builds_it():
-    d = setup_py.decide_cuda(facts(torch_cuda=None, env={"KVSWAP_BUILD_CUDA": "1"}))
+    d = build_engines.decide_cuda(facts(torch_cuda=None, env={"KVSWAP_BUILD_CUDA": "1"}))
     assert d.build and d.forced
 
 
 def test_nvcc_of_another_major_version_than_torch_skips_the_engine():
-    d = setup_py.decide_cuda(facts(torch_cuda="12.8", nvcc_version="13.0"))
+    d = build_engines.decide_cuda(facts(torch_cuda="12.8", nvcc_version="13.0"))
     assert not d.build and "differ in major version" in d.reason and "12.x" in d.enable
 
 
 def test_nvcc_of_another_minor_version_builds():
-    assert setup_py.decide_cuda(facts(torch_cuda="13.2", nvcc_version="13.0")).build
+    assert build_engines.decide_cuda(facts(torch_cuda="13.2", nvcc_version="13.0")).build
 
 
 def test_no_toolkit_skips_the_engine():
-    d = setup_py.decide_cuda(facts(cuda_home=None, nvcc_version=None))
+    d = build_engines.decide_cuda(facts(cuda_home=None, nvcc_version=None))
     assert not d.build and "no CUDA toolkit" in d.reason
 
 
@@ -113,20 +115,20 @@ def test_cuda_home_skips_a_folder_without_the_runtime_headers(tmp_path):
 
     wrapper_prefix = toolkit(tmp_path / "usr-local", headers=False)
     real = toolkit(tmp_path / "cuda-13.0", headers=True)
-    assert setup_py.find_cuda_home(wrapper_prefix, env={"CUDA_PATH": real}) == real
-    assert setup_py.find_cuda_home(real, env={}) == real
-    assert setup_py.find_cuda_home(wrapper_prefix, env={"CUDA_HOME": wrapper_prefix}) in (None, "/usr/local/cuda")
+    assert build_engines.find_cuda_home(wrapper_prefix, env={"CUDA_PATH": real}) == real
+    assert build_engines.find_cuda_home(real, env={}) == real
+    assert build_engines.find_cuda_home(wrapper_prefix, env={"CUDA_HOME": wrapper_prefix}) in (None, "/usr/local/cuda")
 
 
 def test_kvswap_build_cuda_0_skips_the_engine():
-    d = setup_py.decide_cuda(facts(env={"KVSWAP_BUILD_CUDA": "0"}))
+    d = build_engines.decide_cuda(facts(env={"KVSWAP_BUILD_CUDA": "0"}))
     assert not d.build and d.reason == "KVSWAP_BUILD_CUDA=0"
 
 
 def test_a_forced_engine_that_cannot_be_built_stops_the_build():
-    cuda = setup_py.decide_cuda(facts(cuda_home=None, nvcc_version=None, env={"KVSWAP_BUILD_CUDA": "1"}))
+    cuda = build_engines.decide_cuda(facts(cuda_home=None, nvcc_version=None, env={"KVSWAP_BUILD_CUDA": "1"}))
     with pytest.raises(SystemExit, match="KVSWAP_BUILD_CUDA=1 but the engine cannot be built: no CUDA toolkit"):
-        setup_py.refuse_impossible_forced(cuda, setup_py.decide_npu(facts()))
+        build_engines.refuse_impossible_forced(cuda, build_engines.decide_npu(facts()))
 
 
 # ---------------------------------------------------------------- Ascend engine, fakes
@@ -135,18 +137,18 @@ def test_a_forced_engine_that_cannot_be_built_stops_the_build():
 def test_ascend_engine_builds_when_torch_npu_is_installed_even_without_nvcc(tmp_path):
     f = facts(torch_version="2.13.0", torch_cuda=None, cuda_home=None, nvcc_version=None,
               torch_npu_root=tmp_path)
-    assert setup_py.decide_npu(f).build and not setup_py.decide_cuda(f).build
+    assert build_engines.decide_npu(f).build and not build_engines.decide_cuda(f).build
 
 
 def test_ascend_engine_without_torch_npu_names_the_matching_release():
-    d = setup_py.decide_npu(facts(torch_version="2.14.0+cpu"))
+    d = build_engines.decide_npu(facts(torch_version="2.14.0+cpu"))
     assert not d.build and d.reason == "torch_npu is not installed" and "torch-npu==2.14.0" in d.enable
 
 
 def test_forced_ascend_engine_without_torch_npu_stops_the_build():
-    npu = setup_py.decide_npu(facts(env={"KVSWAP_BUILD_NPU": "1"}))
+    npu = build_engines.decide_npu(facts(env={"KVSWAP_BUILD_NPU": "1"}))
     with pytest.raises(SystemExit, match="KVSWAP_BUILD_NPU=1 but the engine cannot be built"):
-        setup_py.refuse_impossible_forced(setup_py.decide_cuda(facts()), npu)
+        build_engines.refuse_impossible_forced(build_engines.decide_cuda(facts()), npu)
 
 
 def _cxx(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -160,7 +162,7 @@ def test_ascend_build_finds_acl_headers_where_torch_npu_2_10_0_post4_keeps_them(
     acl.mkdir(parents=True)
     (acl / "acl_rt.h").write_text("#define KVSWAP_TEST_ACL_RT 1\n")
     (tmp_path / "probe.cpp").write_text("#include <acl/acl_rt.h>\nstatic_assert(KVSWAP_TEST_ACL_RT == 1);\n")
-    ext = setup_py.npu_extension(setup_py.Decision(True), tmp_path / "torch_npu")
+    ext = setup_py.npu_extension(build_engines.Decision(True), tmp_path / "torch_npu")
     out = _cxx("-std=c++17", "-fsyntax-only", *(f"-I{d}" for d in ext.include_dirs), "probe.cpp", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
 
@@ -177,7 +179,7 @@ def test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_i
     built = _cxx("-shared", "-fPIC", "-Wl,-soname,libtorch_npu.so", "npu.cpp", "-o", str(lib / "libtorch_npu.so"),
                  cwd=tmp_path)
     assert built.returncode == 0, built.stderr
-    ext = setup_py.npu_extension(setup_py.Decision(True), tmp_path / "torch_npu")
+    ext = setup_py.npu_extension(build_engines.Decision(True), tmp_path / "torch_npu")
     needed = {}
     for name in ("calls", "plain"):
         # setuptools' order: objects, libraries, -o, then extra_link_args. --no-as-needed first:
@@ -210,9 +212,9 @@ def test_ascend_compile_check_includes_the_oldest_supported_torch_and_the_docs_n
 
 
 def test_test_fakes_are_built_only_when_asked():
-    assert not setup_py.decide_fakes(facts()).build
-    assert setup_py.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"})).build
-    assert not setup_py.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"}, cuda_headers=None)).build
+    assert not build_engines.decide_fakes(facts()).build
+    assert build_engines.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"})).build
+    assert not build_engines.decide_fakes(facts(env={"KVSWAP_BUILD_FAKES": "1"}, cuda_headers=None)).build
 
 
 # ---------------------------------------------------------------- build summary
@@ -223,7 +225,7 @@ def test_build_summary_has_one_line_per_engine_with_reason_and_remedy():
         "host": {"built": True},
         "cuda": {"built": False, "reason": "torch 2.13.0+cpu is not a CUDA build", "enable": "install X"},
         "npu": {"built": False, "reason": "torch_npu is not installed", "enable": "pip install torch-npu"}}}
-    lines = setup_py.summary_lines(info)
+    lines = build_command.summary_lines(info)
     assert lines[0] == "torch_kvswap: built against torch 2.13.0+cpu"
     assert lines[1].endswith("(_C): built")
     assert "not built: torch 2.13.0+cpu is not a CUDA build; to enable: install X" in lines[2]
@@ -236,8 +238,8 @@ def test_setup_py_and_the_package_share_one_install_command_version_parse_and_en
 
     assert setup_py.INSTALL_COMMAND == _loader.INSTALL_COMMAND == "pip install --no-build-isolation ."
     # setup.py loads the module by its path (it cannot import the package): the same file's functions.
-    for name in ("release", "summary_lines"):
-        assert getattr(setup_py, name).__code__.co_filename == str(ROOT / "torch_kvswap" / "_build_shared.py")
+    for used in (setup_py.release, build_command.summary_lines):
+        assert used.__code__.co_filename == str(ROOT / "torch_kvswap" / "_build_shared.py")
     assert _loader.release is _build_shared.release and envreport.engine_state is _build_shared.engine_state
 
 
@@ -310,6 +312,14 @@ def test_a_torch_older_than_the_oldest_supported_release_is_refused(tmp_path):
 def test_declared_torch_range_starts_at_min_torch():
     assert setup_py.MIN_TORCH == (2, 10)
     assert "torch>=2.10" in (ROOT / "README.md").read_text()
+
+
+def test_the_package_metadata_declares_the_torch_setup_py_builds_against():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floor = f"torch>={'.'.join(map(str, setup_py.MIN_TORCH))}"
+    assert floor in project["dependencies"]
+    assert project["name"] == "torch_kvswap" and "dynamic" not in project
 
 
 # ---------------------------------------------------------------- version guard
@@ -394,19 +404,19 @@ def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
 
 
 def test_the_build_says_what_it_will_compile_with_the_architectures_and_a_duration():
-    engines = [setup_py.Engine("host", "torch_kvswap._C", setup_py.Decision(True), None),
-               setup_py.Engine("cuda", "torch_kvswap._C_cuda", setup_py.Decision(True), None),
-               setup_py.Engine("npu", "torch_kvswap._C_npu", setup_py.Decision(False, "no torch_npu"), None),
-               setup_py.Engine("fake_cuda", "torch_kvswap._fake_cuda", setup_py.Decision(True), None, True)]
-    lines = setup_py.plan_lines("2.15.0+cu130", engines, {"torch_kvswap._C", "torch_kvswap._C_cuda"},
+    engines = [build_engines.Engine("host", "torch_kvswap._C", build_engines.Decision(True), None),
+               build_engines.Engine("cuda", "torch_kvswap._C_cuda", build_engines.Decision(True), None),
+               build_engines.Engine("npu", "torch_kvswap._C_npu", build_engines.Decision(False, "no torch_npu"), None),
+               build_engines.Engine("fake_cuda", "torch_kvswap._fake_cuda", build_engines.Decision(True), None, True)]
+    lines = build_command.plan_lines("2.15.0+cu130", engines, {"torch_kvswap._C", "torch_kvswap._C_cuda"},
                                 "8.0;9.0;10.0;12.0+PTX")
-    (host_lo, host_hi), (arch_lo, arch_hi) = setup_py.ROUGH_MINUTES["host"], setup_py.ROUGH_MINUTES["cuda"]
+    (host_lo, host_hi), (arch_lo, arch_hi) = build_command.ROUGH_MINUTES["host"], build_command.ROUGH_MINUTES["cuda"]
     assert lines[0].startswith(f"torch_kvswap: building against torch 2.15.0+cu130; from scratch about "
                                f"{host_lo + 4 * arch_lo}-{host_hi + 4 * arch_hi} min on 2 CPUs")
     assert lines[1:] == [f"  host engine (_C): about {host_lo}-{host_hi} min",
                          f"  CUDA engine (_C_cuda) for 4 architecture(s), 8.0;9.0;10.0;12.0+PTX (TORCH_CUDA_ARCH_LIST"
                          f"=<your GPU's, e.g. 9.0> builds one): about {4 * arch_lo}-{4 * arch_hi} min"]
-    one = setup_py.plan_lines("2.15.0", engines[:2], {"torch_kvswap._C", "torch_kvswap._C_cuda"}, "9.0")
+    one = build_command.plan_lines("2.15.0", engines[:2], {"torch_kvswap._C", "torch_kvswap._C_cuda"}, "9.0")
     assert one[2] == f"  CUDA engine (_C_cuda) for 1 architecture(s), 9.0: about {arch_lo}-{arch_hi} min"
 
 
@@ -428,7 +438,7 @@ def test_a_build_leaves_out_every_extension_file_it_did_not_build(tmp_path, caps
     for name in ("_C.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
                  "_C_npu.cpython-311-x86_64-linux-gnu.so", "ops.py", "_build_info.json"):
         (tmp_path / name).write_text("x")
-    removed = setup_py.remove_stale_extensions(tmp_path, {"_C.cpython-311-x86_64-linux-gnu.so"})
+    removed = build_command.remove_stale_extensions(tmp_path, {"_C.cpython-311-x86_64-linux-gnu.so"})
     assert removed == ["_C_npu.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_C.cpython-311-x86_64-linux-gnu.so",
                                                           "_build_info.json", "ops.py"]

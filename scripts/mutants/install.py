@@ -1,6 +1,6 @@
-"""Mutants of the build and install logic (setup.py, the version guard in
-torch_kvswap/_loader.py, the environment report). Each breaks one decision
-that tests/test_install.py pins down."""
+"""Mutants of the build and install logic (setup.py, setup_helpers/, the
+version guard in torch_kvswap/_loader.py, the environment report). Each breaks
+one decision that tests/test_install.py pins down."""
 
 T = "tests/test_install.py"
 
@@ -23,7 +23,7 @@ MUTANTS = [
     ),
     dict(
         name="install-cuda-major-mismatch-builds",
-        file="setup.py",
+        file="setup_helpers/engines.py",
         find="    if f.torch_cuda and release(f.torch_cuda)[0] != release(f.nvcc_version)[0]:\n",
         replace="    if False:\n",
         tests=[T + "::test_nvcc_of_another_major_version_than_torch_skips_the_engine"],
@@ -31,7 +31,7 @@ MUTANTS = [
     ),
     dict(
         name="install-no-default-archs-without-gpu",
-        file="setup.py",
+        file="setup_helpers/engines.py",
         find="    if arch_list is None and f.visible_gpus == 0:\n",
         replace="    if arch_list is None and f.visible_gpus < 0:\n",
         tests=[T + "::test_cuda_engine_on_a_machine_with_nvcc_and_no_gpu_builds_for_the_default_archs"],
@@ -39,7 +39,7 @@ MUTANTS = [
     ),
     dict(
         name="install-ptx-on-oldest-arch",
-        file="setup.py",
+        file="setup_helpers/engines.py",
         find="        kept[-1] += \"+PTX\"\n",
         replace="        kept[0] += \"+PTX\"\n",
         tests=[T + "::test_default_archs_drop_what_nvcc_cannot_target_and_keep_ptx_on_the_newest"],
@@ -63,7 +63,7 @@ MUTANTS = [
     ),
     dict(
         name="install-forced-engine-silently-skipped",
-        file="setup.py",
+        file="setup_helpers/engines.py",
         find="        if d.forced and not d.build:\n",
         replace="        if d.forced and not d.build and False:\n",
         tests=[T + "::test_a_forced_engine_that_cannot_be_built_stops_the_build"],
@@ -79,7 +79,7 @@ MUTANTS = [
     ),
     dict(
         name="install-nvcc-arch-listing-misread",
-        file="setup.py",
+        file="setup_helpers/engines.py",
         find='    return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\\d+)\\b", listing)]\n',
         replace='    return [f"{m[0]}.{m[1:]}" for m in re.findall(r"compute_(\\d+)\\b", listing)]\n',
         tests=[T + "::test_nvcc_arch_listing_is_read_as_torch_arch_names"],

@@ -1,7 +1,8 @@
 """Mutants of what a new user sees first: the install's leftovers, the
 version message of a shadowed clone, the demo's engine line and argument
-checks, the bench's --plot check (setup.py, torch_kvswap/_loader.py,
-torch_kvswap/bench/demo.py, torch_kvswap/bench/throughput.py)."""
+checks, the bench's --plot check (setup_helpers/build_command.py,
+torch_kvswap/_loader.py, torch_kvswap/bench/demo.py,
+torch_kvswap/bench/throughput.py)."""
 
 I = "tests/test_install.py"
 D = "tests/test_demo_and_bench.py"
@@ -9,7 +10,7 @@ D = "tests/test_demo_and_bench.py"
 MUTANTS = [
     dict(
         name="install-fake-extension-kept-in-wheel",
-        file="setup.py",
+        file="setup_helpers/build_command.py",
         find="        if path.name not in keep:\n",
         replace="        if path.name not in keep and not path.name.startswith(\"_fake\"):\n",
         tests=[I + "::test_a_build_leaves_out_every_extension_file_it_did_not_build"],
