@@ -1,7 +1,9 @@
 """Mutation check: every curated bug in scripts/mutants/ must fail a test.
 
-Each mutant replaces one exact snippet of one product file (``find``, which
-must occur exactly once there) with a broken version (``replace``). The check
+Each mutant replaces one snippet of one product file (``find``, which must
+occur exactly once in the definition that ``where`` names, or without
+``where`` in the whole ``file``) with a broken version (``replace``); how a
+mutant is located: scripts/mutant_anchors.py. The check
 copies the working tree (tracked and untracked, non-ignored files) into a work
 directory, applies the mutants one at a time to that copy, rebuilds the
 extension incrementally when the mutant is in C++, runs the mutant's tests
@@ -11,12 +13,16 @@ modified.
 Mutants are data: every ``scripts/mutants/*.py`` (not starting with ``_``)
 defines ``MUTANTS = [dict(name=..., file=..., find=..., replace=..., tests=[...],
 why=...)]``; ``tests`` are pytest paths or node ids relative to the repository
-root, ``why`` says in one line what the bug breaks. Optional: ``timeout``
-(seconds for its tests; default --timeout).
+root, ``why`` says in one line what the bug breaks. Optional: ``where`` (the
+function, method or class that holds ``find``, so that the mutant survives a
+rename of its file), ``timeout`` (seconds for its tests; default --timeout).
+``--add-anchors`` writes a ``where`` into every mutant that has none and whose
+snippet lies in a definition.
 
 Exit status: 0 when every selected mutant was killed; 1 when one survived,
 did not build, or its tests could not run; 2 when a mutant is malformed or
-stale (its ``find`` is missing or not unique, a test path is missing) or the
+stale (its ``where`` or ``find`` is missing or not unique, a test path is
+missing, a Python mutant is not valid Python) or the
 tests fail without any mutant.
 
 Run it with ``bash scripts/mutation_check.sh`` (sets up .venv first), or
@@ -26,6 +32,7 @@ Run it with ``bash scripts/mutation_check.sh`` (sets up .venv first), or
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import os
 import re
@@ -37,10 +44,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mutant_anchors as anchors  # noqa: E402 - beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS_DIR = ROOT / "scripts" / "mutants"
 REQUIRED = ("name", "file", "find", "replace", "tests", "why")
-BUILD_SUFFIXES = (".cpp", ".cc", ".cu", ".h", ".hpp", ".cuh")
+OPTIONAL = ("where", "timeout")
+BUILD_SUFFIXES = anchors.CPP_SUFFIXES
 
 
 @dataclass
@@ -53,6 +64,10 @@ class Mutant:
     why: str
     source: str  # which scripts/mutants/ file defines it
     timeout: float | None = None
+    where: str | None = None  # the definition holding `find`; None: the whole file
+
+    def resolve(self, tree: anchors.Tree) -> anchors.Anchor | str:
+        return anchors.resolve(tree, self.file, self.where, self.find, self.replace)
 
     @property
     def needs_build(self) -> bool:
@@ -66,6 +81,7 @@ class Result:
     detail: str = ""
     seconds: float = 0.0
     log: str = field(default="", repr=False)
+    at: str = ""  # where it applied: file:line in its definition
 
 
 def load_mutants(directory: Path = MUTANTS_DIR) -> tuple[list[Mutant], list[str]]:
@@ -93,7 +109,7 @@ def load_mutants(directory: Path = MUTANTS_DIR) -> tuple[list[Mutant], list[str]
                 problems.append(f"{where}: not a dict")
                 continue
             missing = [k for k in REQUIRED if k not in entry or (k != "replace" and not entry[k])]
-            unknown = sorted(set(entry) - set(REQUIRED) - {"timeout"})
+            unknown = sorted(set(entry) - set(REQUIRED) - set(OPTIONAL))
             if missing or unknown:
                 problems.append(f"{where} ({entry.get('name', '?')}): missing {missing}, unknown {unknown}")
                 continue
@@ -106,30 +122,73 @@ def load_mutants(directory: Path = MUTANTS_DIR) -> tuple[list[Mutant], list[str]
             if isinstance(tests, str) or not all(isinstance(t, str) for t in tests):
                 problems.append(f"{where} ({name}): tests must be a list of strings")
                 continue
+            if not isinstance(entry.get("where", ""), str):
+                problems.append(f"{where} ({name}): where must be a string")
+                continue
             mutants.append(Mutant(name=name, file=entry["file"], find=entry["find"],
                                   replace=entry["replace"], tests=list(tests), why=entry["why"],
-                                  source=path.name, timeout=entry.get("timeout")))
+                                  source=path.name, timeout=entry.get("timeout"),
+                                  where=entry.get("where")))
     return mutants, problems
 
 
 def check_against_tree(mutants: list[Mutant], tree: Path) -> list[str]:
-    """Stale mutants: a `find` that is missing or not unique, a no-op, a missing test file."""
+    """Stale mutants: a `where` or `find` that is missing or not unique, a no-op,
+    a Python mutant that does not parse, a missing test file."""
     problems = []
+    files = anchors.Tree(tree)
     for m in mutants:
-        path = tree / m.file
-        if not path.is_file():
-            problems.append(f"{m.name}: {m.file} does not exist")
-            continue
-        count = path.read_text().count(m.find)
-        if count != 1:
-            problems.append(f"{m.name}: its find snippet occurs {count} times in {m.file} "
-                            "(must be exactly once); update the mutant")
+        got = m.resolve(files)
+        if isinstance(got, str):
+            problems.append(f"{m.name}: {got}")
+        elif got.file.endswith(anchors.PY_SUFFIXES) and not _parses(got.mutated) \
+                and _parses(files.text(got.file)):
+            problems.append(f"{m.name}: the mutated {got} is not valid Python")
         if m.find == m.replace:
             problems.append(f"{m.name}: replace is the same as find")
         for test in m.tests:
             if not (tree / test.split("::")[0]).exists():
                 problems.append(f"{m.name}: test {test} does not exist")
     return problems
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+    except SyntaxError:
+        return False
+    return True
+
+
+def add_anchors(directory: Path = MUTANTS_DIR, tree: Path = ROOT) -> list[str]:
+    """Writes `where` into each mutant without one whose snippet lies in a
+    definition of the tree, right after its `file=`; the rest of each mutant
+    file stays byte for byte. Returns what it did, one line per mutant file."""
+    mutants, problems = load_mutants(directory)
+    if problems:
+        return [f"not converted, the mutant files have problems: {problems}"]
+    files, report = anchors.Tree(tree), []
+    for source in sorted({m.source for m in mutants}):
+        names, left, stale = {}, [], []
+        for m in (m for m in mutants if m.source == source and not m.where):
+            got = m.resolve(files)
+            if isinstance(got, str):
+                stale.append(f"{m.name} ({got})")
+                continue
+            name = anchors.anchor_name(files, m.file, m.find, m.replace, got)
+            if name:
+                names[m.name] = name
+            else:
+                left.append(m.name)
+        path = directory / source
+        text, missed = anchors.insert_where(path.read_text(), names)
+        if names:
+            path.write_text(text)
+        report.append(f"{source}: {len(names) - len(missed)} anchored, {len(left)} left to their file"
+                      + (f" ({', '.join(left)})" if left else "")
+                      + (f"; stale, not converted: {'; '.join(stale)}" if stale else "")
+                      + (f"; not found in the text: {', '.join(missed)}" if missed else ""))
+    return report
 
 
 def tree_files(root: Path) -> list[str]:
@@ -245,20 +304,23 @@ def check_copy_is_imported(work: Path, env: dict[str, str]) -> None:
 
 
 def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float) -> Result:
-    path = work / m.file
-    original = path.read_text()
+    anchor = m.resolve(anchors.Tree(work))
     started = time.monotonic()
+    if isinstance(anchor, str):
+        return Result(m, "error", f"cannot be applied to the copy: {anchor}")
+    path = work / anchor.file
+    original = path.read_text()
     try:
-        path.write_text(original.replace(m.find, m.replace, 1))
+        path.write_text(anchor.mutated)
         if m.needs_build:
             ok, out = build(work, env)
             if not ok:
                 return Result(m, "build-failed", "the mutant does not compile; fix the mutant",
-                              time.monotonic() - started, out)
+                              time.monotonic() - started, out, str(anchor))
         limit = m.timeout or timeout
         code, out = run(pytest_cmd(m.tests), work, env, limit)
         status, detail = verdict(code, out, limit)
-        return Result(m, status, detail, time.monotonic() - started, out)
+        return Result(m, status, detail, time.monotonic() - started, out, str(anchor))
     finally:
         path.write_text(original)
 
@@ -278,7 +340,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="run only this mutant (repeatable, or comma-separated)")
     p.add_argument("--fast", action="store_true",
                    help="only the mutants of Python files (no rebuild): the CI subset")
-    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--list", action="store_true",
+                   help="list the mutants, with where each applies in the tree, and exit")
+    p.add_argument("--add-anchors", action="store_true",
+                   help="write where= into every mutant that has none and lies in a definition, "
+                        "then exit")
     p.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests")
     p.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation-tree",
                    help="where the copy lives (kept between runs for incremental builds)")
@@ -289,6 +355,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
+    if args.add_anchors:
+        print("\n".join(add_anchors()))
+        return 0
     mutants, problems = load_mutants()
     only = {n for item in args.only for n in item.split(",") if n}
     unknown = only - {m.name for m in mutants}
@@ -296,8 +365,11 @@ def main(argv=None) -> int:
         problems.append(f"--only: no mutant named {sorted(unknown)}")
     selected = [m for m in mutants if (not only or m.name in only) and (not args.fast or not m.needs_build)]
     if args.list:
+        files = anchors.Tree(ROOT)
         for m in selected:
-            print(f"{m.name}  [{m.source}]  {m.file}\n    {m.why}\n    tests: {' '.join(m.tests)}")
+            got = m.resolve(files)
+            at = f"STALE: {got}" if isinstance(got, str) else str(got)
+            print(f"{m.name}  [{m.source}]  {at}\n    {m.why}\n    tests: {' '.join(m.tests)}")
         print(f"{len(selected)} mutants" + (f"; problems: {problems}" if problems else ""))
         return 2 if problems else 0
     # Every mutant, selected or not: a stale one fails even the fast CI run.
@@ -333,7 +405,7 @@ def main(argv=None) -> int:
         r = run_mutant(m, work, env, args.timeout)
         results.append(r)
         print(f"[{i}/{len(order)}] {r.status:<12} {m.name}  ({r.seconds:.1f} s)\n"
-              f"    breaks: {m.why}\n    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
+              f"    at: {r.at}\n    breaks: {m.why}\n    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
               flush=True)
         if r.status in ("build-failed", "error"):
             print("    " + "\n    ".join(r.log[-3000:].splitlines()))

@@ -73,3 +73,183 @@ def test_the_killing_test_is_the_first_failure():
         "killed", "crash: pytest died of signal 11 in tests/test_c.py::test_three")
     assert mc.verdict(4, "ERROR: file or directory not found", 60)[0] == "error"
     assert mc.verdict(5, "no tests ran", 60)[0] == "error"
+
+
+# --- where=: mutants anchored on the definition that holds them -------------------
+
+PY_SOURCE = '''"""A module."""
+
+
+def helper(x):
+    return x + 1
+
+
+class Store:
+    def put(self, key):
+        if key is None:
+            raise ValueError("no key")
+        self.items.append(key)
+        return key
+'''
+
+
+def _tree(tmp_path, files):
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return mc.anchors.Tree(tmp_path)
+
+
+def _resolve(tree, where, find, replace, file="torch_kvswap/store.py"):
+    return mc.anchors.resolve(tree, file, where, find, replace)
+
+
+def test_where_finds_the_snippet_in_its_definition_and_after_its_file_is_renamed(tmp_path):
+    tree = _tree(tmp_path, {"torch_kvswap/store.py": PY_SOURCE})
+    got = _resolve(tree, "Store.put", "return key", "return None")
+    assert (got.file, got.line, got.definition) == ("torch_kvswap/store.py", 13, "Store.put")
+    assert got.mutated == PY_SOURCE.replace("return key", "return None")
+    assert _resolve(tree, "put", "return key", "return None").mutated == got.mutated
+    # The module moved into a package: the mutant's file= is stale, its where= is not.
+    tree = _tree(tmp_path, {"torch_kvswap/offloader/store.py": PY_SOURCE})
+    (tmp_path / "torch_kvswap" / "store.py").unlink()
+    moved = mc.anchors.Tree(tmp_path)
+    got = _resolve(moved, "Store.put", "return key", "return None")
+    assert (got.file, got.line) == ("torch_kvswap/offloader/store.py", 13)
+    mutant = mc.Mutant(name="a", file="torch_kvswap/store.py", find="return key", replace="return None",
+                       tests=[], why="", source="core.py", where="Store.put")
+    assert mc.check_against_tree([mutant], tmp_path) == []
+    assert "no such definition in torch_kvswap/store.py (which does not exist), nor in any other .py file" in \
+        _resolve(moved, "Store.get", "return key", "")
+
+
+def test_a_stale_where_says_why(tmp_path):
+    twice = PY_SOURCE + "\n\nclass Other:\n    def put(self, key):\n        return key\n"
+    tree = _tree(tmp_path, {"torch_kvswap/store.py": twice})
+    assert "no such definition in torch_kvswap/store.py" in _resolve(tree, "Store.get", "return key", "")
+    assert "occurs 0 times in helper at torch_kvswap/store.py:4" in _resolve(tree, "helper", "return key", "")
+    message = _resolve(tree, "put", "return key", "return None")
+    assert "occurs 2 times in Store.put at torch_kvswap/store.py:9, Other.put at" in message
+    # Two definitions of one name are fine when only one holds the snippet.
+    assert _resolve(tree, "put", "self.items.append(key)", "pass").definition == "Store.put"
+
+
+def test_a_reindented_python_snippet_is_found_and_replaced_at_its_new_indentation(tmp_path):
+    find = "        if key is None:\n            raise ValueError(\"no key\")\n"
+    replace = "        if False:\n            raise ValueError(\"no key\")\n"
+    moved = PY_SOURCE.replace("class Store:\n    def put", "class Store:\n    class Inner:\n        def put")
+    moved = moved.replace("\n        ", "\n            ").replace("            def put", "        def put")
+    tree = _tree(tmp_path, {"torch_kvswap/store.py": moved})
+    got = _resolve(tree, "Inner.put", find, replace)
+    assert got.mutated == moved.replace("            if key is None:", "            if False:")
+    mc.ast.parse(got.mutated)
+    # A line indented deeper than find's is re-indented, not matched inside its indentation.
+    grown = _resolve(tree, "put", "        self.items.append(key)\n",
+                     "        self.items.append(key)\n        self.items.append(key)\n")
+    assert "            self.items.append(key)\n            self.items.append(key)\n" in grown.mutated
+    # Any run of whitespace matches any other.
+    spaced = PY_SOURCE.replace("raise ValueError", "raise   ValueError")
+    tree = _tree(tmp_path, {"torch_kvswap/store.py": spaced})
+    got = _resolve(tree, "put", 'if key is None:\n    raise ValueError("no key")', "if False:\n    pass")
+    assert got.mutated == PY_SOURCE.replace('if key is None:\n            raise ValueError("no key")',
+                                            "if False:\n            pass")
+
+CPP_SOURCE = r'''// a { in a comment
+#include <string>
+#define CHECK_OR_RETURN(x) \
+  do { if (!(x)) return; } while (0)
+
+namespace kvswap {
+namespace {
+const char* kBrace = "}{";
+char open() { return '{'; }
+}  // namespace
+
+struct Span : Base {
+  int size() const { return n; }
+  int n = 0;
+};
+
+Span::Span(int a) : Base(a), n{a} {
+  auto f = [](int v) { return v; };
+}
+
+template <typename T>
+std::vector<T> collect(const std::string& s, int n) noexcept {
+  auto raw = R"x(})x";
+  return {};
+}
+
+TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
+  m.impl("collect", &collect);
+}
+}  // namespace kvswap
+'''
+
+
+def test_the_cpp_scanner_names_functions_classes_and_macros():
+    defs = mc.anchors.cpp_definitions("x.cpp", CPP_SOURCE)
+    by_name = {d.name: CPP_SOURCE[d.start:d.end] for d in defs}
+    assert sorted(by_name) == ["CHECK_OR_RETURN", "kvswap::Span", "kvswap::Span::Span", "kvswap::Span::size",
+                               "kvswap::TORCH_LIBRARY_IMPL", "kvswap::collect", "kvswap::open"]
+    assert by_name["kvswap::collect"].startswith("template <typename T>\n")
+    assert by_name["kvswap::collect"].endswith("return {};\n}")
+    assert by_name["kvswap::Span::Span"].endswith("return v; };\n}")
+    assert [d.method for d in defs if d.name.startswith("kvswap::Span::")] == [True, True]
+
+
+def test_the_cpp_scanner_reads_every_cpp_file_of_the_tree():
+    tree = mc.anchors.Tree(ROOT)
+    files = tree.files(mc.anchors.CPP_SUFFIXES)
+    assert any(f.startswith("csrc/core/") for f in files) and any(f.startswith("tests/fake_") for f in files)
+    for rel in files:
+        text = tree.text(rel)
+        masked = mc.anchors.mask_cpp(text)
+        assert masked.count("{") == masked.count("}"), rel
+        for d in tree.definitions(rel):
+            assert masked[d.start:d.end].endswith("}") or text[d.start] == "#", (rel, d.name)
+            assert d.name.split("::")[-1].lstrip("~").isidentifier() or "operator" in d.name, (rel, d.name)
+
+
+MUTANT_FILE = '''X = "csrc/x.cpp"  # é
+MUTANTS = [
+    dict(
+        name="a",
+        file="torch_kvswap/store.py",
+        find="return key",
+        replace="return None",
+        tests=["t.py"], why="w",
+    ),
+    dict(name="b", file=X,
+         find="return x + 1", replace="return x", tests=["t.py"], why="w"),
+    dict(name="c", file="torch_kvswap/store.py", find='"""A module."""', replace='""""""',
+         tests=["t.py"], why="w"),
+]
+'''
+
+
+def test_add_anchors_writes_where_after_file_and_nothing_else(tmp_path):
+    (tmp_path / "mutants").mkdir()
+    path = tmp_path / "mutants" / "area.py"
+    path.write_text(MUTANT_FILE.replace("file=X", 'file="torch_kvswap/store.py"'))
+    _tree(tmp_path, {"torch_kvswap/store.py": PY_SOURCE, "t.py": ""})
+    report = mc.add_anchors(tmp_path / "mutants", tmp_path)
+    assert report == ["area.py: 2 anchored, 1 left to their file (c)"]
+    expected = MUTANT_FILE.replace("file=X", 'file="torch_kvswap/store.py"').replace(
+        '        file="torch_kvswap/store.py",\n', '        file="torch_kvswap/store.py",\n'
+        '        where="Store.put",\n').replace(
+        '    dict(name="b", file="torch_kvswap/store.py",\n',
+        '    dict(name="b", file="torch_kvswap/store.py",\n         where="helper",\n')
+    assert path.read_text() == expected
+    assert mc.add_anchors(tmp_path / "mutants", tmp_path) == ["area.py: 0 anchored, 1 left to their file (c)"]
+    assert path.read_text() == expected
+    mutants, problems = mc.load_mutants(tmp_path / "mutants")
+    assert problems == [] and [m.where for m in mutants] == ["Store.put", "helper", None]
+    assert mc.check_against_tree(mutants, tmp_path) == []
+
+
+def test_insert_where_puts_it_inline_when_the_next_keyword_shares_the_line():
+    text, missed = mc.anchors.insert_where(MUTANT_FILE, {"b": "f", "c": "g", "zz": "h"})
+    assert 'dict(name="c", file="torch_kvswap/store.py", where="g", find=' in text
+    assert '    dict(name="b", file=X,\n         where="f",\n         find=' in text
+    assert missed == ["zz"]
