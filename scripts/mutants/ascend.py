@@ -19,6 +19,7 @@ MUTANTS = [
     dict(
         name="ascend-batch-api-assumed-present",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::submit",
         find="api_.memcpy_batch_async != nullptr && batch_allowed(stream)",
         replace="batch_allowed(stream)",
         tests=FAKE,
@@ -28,6 +29,7 @@ MUTANTS = [
     dict(
         name="ascend-207000-not-latched",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::copy_batched",
         find="    if (err == kAclFeatureNotSupported && probing) {\n",
         replace="    if (false) {\n",
         tests=FAKE,
@@ -37,6 +39,7 @@ MUTANTS = [
     dict(
         name="ascend-capture-query-failure-throws",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::capture_state",
         find="  if (err == kAclFeatureNotSupported) return Capture::kNone;\n",
         replace="  if (err == kAclFeatureNotSupported) return Capture::kNone;\n"
                 "  TORCH_CHECK(false, \"aclmdlRICaptureGetInfo failed: \", acl_message(err));\n",
@@ -47,6 +50,7 @@ MUTANTS = [
     dict(
         name="ascend-register-maps-instead-of-pinning",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::host_register",
         find="api_.host_register_v2(ptr, bytes, kHostRegPinned)",
         replace="api_.host_register_v2(ptr, bytes, 0x2u /* ACL_HOST_REG_MAPPED */)",
         tests=FAKE,
@@ -55,6 +59,7 @@ MUTANTS = [
     dict(
         name="ascend-pageable-host-caches-accepted",
         file="csrc/core/ops.cpp",
+        where="swap_blocks",
         find="    if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=FAKE,
@@ -63,6 +68,7 @@ MUTANTS = [
     dict(
         name="ascend-null-stream-accepted",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::current_stream",
         find="TORCH_CHECK(handle != nullptr,",
         replace="TORCH_CHECK(true || handle != nullptr,",
         tests=FAKE,
@@ -71,6 +77,7 @@ MUTANTS = [
     dict(
         name="ascend-attrs-per-descriptor",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::copy_batched",
         find="        &attr, &attr_index, 1, &fail_index, stream);",
         replace="        std::vector<MemcpyBatchAttr>(n, attr).data(),\n"
                 "        [n] { std::vector<size_t> i(n); for (size_t k = 0; k < n; ++k) i[k] = k; return i; }().data(),\n"
@@ -82,6 +89,7 @@ MUTANTS = [
     dict(
         name="ascend-descriptor-table-held-after-submit",
         file="csrc/ascend/ascend_engine.cpp",
+        where="submit_kernel",
         find="  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n",
         replace="  static std::vector<at::Tensor> held;  // kept until the next call, as an in-flight record would\n"
                 "  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n"
@@ -101,6 +109,7 @@ MUTANTS = [
     dict(
         name="ascend-stream-capturing-not-served",
         file="csrc/ascend/ascend_engine.cpp",
+        where="TORCH_LIBRARY_IMPL",
         find="  m.impl(\"_stream_capturing\", &kvswap::ascend::stream_capturing_kernel);\n",
         replace="",
         tests=FAKE,
@@ -110,6 +119,7 @@ MUTANTS = [
     dict(
         name="ascend-capture-capacity-unchecked",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::submit",
         find="TORCH_CHECK(capture != Capture::kActive || b.count <= kMaxCapturedCopies,",
         replace="TORCH_CHECK(capture == capture || b.count <= kMaxCapturedCopies,",
         tests=FAKE,
@@ -119,6 +129,7 @@ MUTANTS = [
     dict(
         name="ascend-error-hides-queued-copies",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::copy_each",
         find="format_descriptor(b, i), \": \", acl_message(err), \"; \", left_behind(i, i + 1));",
         replace="format_descriptor(b, i), \": \", acl_message(err));",
         tests=FAKE,
@@ -128,6 +139,7 @@ MUTANTS = [
     dict(
         name="ascend-pinned-use-not-recorded",
         file="csrc/core/ops.cpp",
+        where="swap_blocks",
         find="  if (ascend) record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=FAKE,
@@ -137,6 +149,7 @@ MUTANTS = [
     dict(
         name="ascend-d2d-alignment-unchecked",
         file="csrc/ascend/ascend_engine.cpp",
+        where="Engine::submit",
         find="  if (b.direction == Direction::kDeviceToDevice) check_device_to_device_alignment(b);\n",
         replace="  if (b.direction == Direction::kDeviceToDevice && b.count < 0) check_device_to_device_alignment(b);\n",
         tests=FAKE,
@@ -148,6 +161,7 @@ MUTANTS = [
     dict(
         name="ascend-207000-latch-device-wide",
         file=ENGINE,
+        where="Engine::batch_allowed",
         find="  auto it = batch_states_.find(stream);\n  if (it == batch_states_.end() || it->second.state",
         replace="  auto it = batch_states_.empty() ? batch_states_.end() : batch_states_.begin();\n"
                 "  if (it == batch_states_.end() || it->second.state",
@@ -159,6 +173,7 @@ MUTANTS = [
     dict(
         name="ascend-207000-reissued-from-descriptor-0",
         file=ENGINE,
+        where="Engine::copy_batched",
         find="    if (err == kAclFeatureNotSupported && probing) {\n",
         replace="    if (err == kAclFeatureNotSupported) {\n",
         tests=cann("test_207000_for_a_later_batch_of_a_call_is_not_reissued_from_descriptor_0"),
@@ -167,6 +182,7 @@ MUTANTS = [
     dict(
         name="ascend-first-batch-not-one-entry",
         file=ENGINE,
+        where="Engine::copy_batched",
         find="        probing ? 1 : std::min(kMaxBatchEntries",
         replace="        false ? 1 : std::min(kMaxBatchEntries",
         tests=cann("test_207000_for_a_whole_batch_on_the_first_call_reissues_nothing_twice"),
@@ -175,6 +191,7 @@ MUTANTS = [
     dict(
         name="ascend-ambiguous-207000-not-asked-again",
         file=ENGINE,
+        where="Engine::copy_batched",
         find="    if (err == kAclFeatureNotSupported) set_batch_state(stream, BatchState::kUntried);\n",
         replace="",
         tests=cann("test_207000_after_the_stream_took_batches_fails_and_reissues_nothing"),
@@ -183,6 +200,7 @@ MUTANTS = [
     dict(
         name="ascend-batch-error-without-index-claims-nothing-queued",
         file=ENGINE,
+        where="Engine::copy_batched",
         find="left_behind(first, known ? failed : first + static_cast<int64_t>(n))",
         replace="left_behind(first, known ? failed : first)",
         tests=cann("test_batch_error_without_a_failing_index_says_the_batch_may_be_queued"),
@@ -192,6 +210,7 @@ MUTANTS = [
     dict(
         name="ascend-batch-error-with-index-hides-queued-prefix",
         file=ENGINE,
+        where="Engine::copy_batched",
         find="left_behind(first, known ? failed : first + static_cast<int64_t>(n))",
         replace="left_behind(first, known ? first : first + static_cast<int64_t>(n))",
         tests=cann("test_batch_error_with_a_failing_index_never_says_nothing_was_queued"),
@@ -200,6 +219,7 @@ MUTANTS = [
     dict(
         name="ascend-copy-error-claims-failed-copy-not-queued",
         file=ENGINE,
+        where="Engine::copy_each",
         find="left_behind(i, i + 1));",
         replace="left_behind(i, i));",
         tests=cann("test_per_descriptor_error_says_the_failed_copy_may_be_partly_queued"),
@@ -209,6 +229,7 @@ MUTANTS = [
     dict(
         name="ascend-pin-not-verified",
         file=ENGINE,
+        where="Engine::host_register",
         find="  if (!registered_host(ptr, bytes)) {\n",
         replace="  if (false) {\n",
         tests=cann("test_registration_the_query_does_not_confirm_is_undone"),
@@ -217,6 +238,7 @@ MUTANTS = [
     dict(
         name="ascend-pin-verified-at-its-start-only",
         file=ENGINE,
+        where="Engine::registered_host",
         find="  for (const uintptr_t at : {start, start + bytes - 1}) {\n",
         replace="  for (const uintptr_t at : {start}) {\n",
         tests=cann("test_registration_is_checked_at_both_ends"),
@@ -225,6 +247,7 @@ MUTANTS = [
     dict(
         name="ascend-pin-query-error-ignored",
         file=ENGINE,
+        where="Engine::registered_host",
         find="    if (err != kAclSuccess || attributes.location.type != MemLocationType::kHost) return false;\n",
         replace="    if (attributes.location.type != MemLocationType::kHost) return false;\n",
         tests=cann("test_registration_is_checked_at_both_ends"),
@@ -233,6 +256,7 @@ MUTANTS = [
     dict(
         name="ascend-pinned-tensor-checked-at-its-start-only",
         file=ENGINE,
+        where="Engine::host_pinned",
         find="isPinnedPtr(reinterpret_cast<const void*>(hi - 1),",
         replace="isPinnedPtr(reinterpret_cast<const void*>(lo),",
         tests=cann("test_memory_registered_by_someone_else_is_judged_by_the_runtime_at_both_ends"),
@@ -241,6 +265,7 @@ MUTANTS = [
     dict(
         name="ascend-capture-bound-strict",
         file=ENGINE,
+        where="Engine::submit",
         find="b.count <= kMaxCapturedCopies,",
         replace="b.count < kMaxCapturedCopies,",
         tests=cann("test_capture_of_exactly_32768_copies_is_allowed"),
@@ -249,6 +274,7 @@ MUTANTS = [
     dict(
         name="ascend-shutdown-raises-on-unregister-failure",
         file="torch_kvswap/offloader/caches.py",
+        where="unregister_mirrors",
         find="    except (NotImplementedError, RuntimeError) as exc:\n        # The runtime still counts",
         replace="    except NotImplementedError as exc:\n        # The runtime still counts",
         tests=cann("test_shutdown_survives_an_unregister_failure"),
@@ -257,6 +283,7 @@ MUTANTS = [
     dict(
         name="ascend-shutdown-frees-still-registered-memory",
         file="torch_kvswap/offloader/caches.py",
+        where="unregister_mirrors",
         find="        # to the allocator, and release everything else.\n        _STILL_REGISTERED.append(allocation)\n",
         replace="        # to the allocator, and release everything else.\n",
         tests=cann("test_shutdown_survives_an_unregister_failure"),
@@ -266,6 +293,7 @@ MUTANTS = [
     dict(
         name="fake-acl-loop-queues-nothing-before-a-failed-check",
         file=FAKE_ACL,
+        where="batch_loop",
         find="      *fail_index = i;\n      if (AclError q = queue_unordered(s, queued)) return q;\n      return e;\n",
         replace="      *fail_index = i;\n      return e;\n",
         tests=cann("test_loop_route_queues_the_entries_before_a_failed_check"),
@@ -274,6 +302,7 @@ MUTANTS = [
     dict(
         name="fake-acl-loop-stops-at-207000",
         file=FAKE_ACL,
+        where="batch_loop",
         find="    if (last == ascend::kAclFeatureNotSupported) continue;\n",
         replace="",
         tests=cann("test_loop_route_goes_past_207000_and_answers_with_the_last_code"),
@@ -282,6 +311,7 @@ MUTANTS = [
     dict(
         name="fake-acl-ub-route-in-one-chunk",
         file=FAKE_ACL,
+        where="batch_ub",
         find="  const size_t chunk = rt().ub_chunk == 0 ? n : rt().ub_chunk;\n",
         replace="  const size_t chunk = n;\n",
         tests=cann("test_ub_route_chunk_failure_leaves_the_earlier_chunks_copied"),
@@ -290,6 +320,7 @@ MUTANTS = [
     dict(
         name="fake-acl-no-per-stream-refusal",
         file=FAKE_ACL,
+        where="memcpy_batch_async",
         find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s)) {\n",
         replace="  if (false) {\n",
         tests=cann("test_refusals_for_a_device_and_for_one_stream"),
@@ -298,6 +329,7 @@ MUTANTS = [
     dict(
         name="fake-acl-sub-graph-stream-takes-copies",
         file=FAKE_ACL,
+        where="memcpy_async",
         find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s) &&\n",
         replace="  if (false &&\n",
         tests=cann("test_refusals_for_a_device_and_for_one_stream"),
@@ -306,6 +338,7 @@ MUTANTS = [
     dict(
         name="fake-acl-no-device-refusal",
         file=FAKE_ACL,
+        where="memcpy_batch_async",
         find="  if (rt().batch_refused_devices.count(s->device) != 0) {\n",
         replace="  if (false) {\n",
         tests=cann("test_a_refused_first_batch_latches_and_copies_per_descriptor"),
@@ -314,6 +347,7 @@ MUTANTS = [
     dict(
         name="fake-acl-pin-always-locks",
         file=FAKE_ACL,
+        where="host_register_v2",
         find="rt().pin_records_only ? Kind::kRecorded : Kind::kPinned;",
         replace="Kind::kPinned;",
         tests=cann("test_a_pin_without_the_driver_feature_only_records"),
@@ -322,6 +356,7 @@ MUTANTS = [
     dict(
         name="fake-acl-recorded-pin-reported-unregistered",
         file=FAKE_ACL,
+        where="location_of",
         find="    case Kind::kMapped:\n    case Kind::kRecorded:\n      return MemLocationType::kHost;\n",
         replace="    case Kind::kMapped:\n      return MemLocationType::kHost;\n    case Kind::kRecorded:\n"
                 "      return MemLocationType::kUnregistered;\n",
@@ -331,6 +366,7 @@ MUTANTS = [
     dict(
         name="fake-acl-batch-in-submitted-order",
         file=FAKE_ACL,
+        where="queue_unordered",
         find="  for (size_t i : scrambled(copies.size())) {\n",
         replace="  for (size_t i = 0; i < copies.size(); ++i) {\n",
         tests=cann("test_a_batch_runs_in_a_scrambled_order"),
@@ -347,6 +383,7 @@ MUTANTS = [
     dict(
         name="fake-acl-work-entries-are-copies",
         file=FAKE_ACL,
+        where="Runtime::record_into_graph",
         find="  const uint64_t need = work_entry_bytes == 0 ? 1 :",
         replace="  const uint64_t need = true ? 1 :",
         tests=cann("test_capture_limit_counts_work_entries_and_answers_207008"),
@@ -355,6 +392,7 @@ MUTANTS = [
     dict(
         name="fake-acl-4096-cap-on-every-route",
         file=FAKE_ACL,
+        where="memcpy_batch_async",
         find="  Stream* s = resolve(handle);\n  // A chip without the feature",
         replace="  if (n > kMaxBatchCount) return rt().error(kRtParamInvalid, \"cap\");\n"
                 "  Stream* s = resolve(handle);\n  // A chip without the feature",
@@ -364,6 +402,7 @@ MUTANTS = [
     dict(
         name="fake-acl-ub-pageable-uncapped",
         file=FAKE_ACL,
+        where="batch_ub",
         find="    if (n > kMaxBatchCount) {\n",
         replace="    if (false) {\n",
         tests=cann("test_only_the_ub_pageable_route_caps_a_batch_at_4096"),
@@ -381,6 +420,7 @@ MUTANTS = [
     dict(
         name="fake-acl-overlapping-registration-accepted-as-other-error",
         file=FAKE_ACL,
+        where="host_register_v2",
         find="    if (r.in_place) {\n",
         replace="    if (false) {\n",
         tests=cann("test_register_twice_and_unregister_unknown_memory"),
@@ -389,6 +429,7 @@ MUTANTS = [
     dict(
         name="fake-acl-event-freed-while-its-record-is-queued",
         file="tests/fake_npu/fake_backend.cpp",
+        where="FakeGuardImpl::destroyEvent",
         find="    if (e->queued_records > 0) {\n",
         replace="    if (false) {\n",
         tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
@@ -400,6 +441,7 @@ MUTANTS = [
     dict(
         name="ascend-partly-registered-tensor-asks-the-ends",
         file=ENGINE,
+        where="Engine::host_pinned",
         find="    case Coverage::kPartial:\n      return false;\n",
         replace="    case Coverage::kPartial:\n      break;\n",
         tests=cann("test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are"),
@@ -410,6 +452,7 @@ MUTANTS = [
     dict(
         name="ascend-registered-tensor-without-the-runtimes-opinion",
         file=ENGINE,
+        where="Engine::host_pinned",
         find="        return registered_host(reinterpret_cast<void*>(start), 1);\n",
         replace="        return start != 0;\n",
         tests=cann("test_a_registration_the_runtime_no_longer_reports_is_not_pinned"),
@@ -418,6 +461,7 @@ MUTANTS = [
     dict(
         name="ascend-undo-failure-reads-as-nothing-registered",
         file=ENGINE,
+        where="Engine::host_register",
         find="        : undo == kAclHostMemoryNotRegistered\n",
         replace="        : true\n",
         tests=cann("test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed"),
@@ -427,6 +471,7 @@ MUTANTS = [
     dict(
         name="ascend-submit-without-device-guard",
         file=ENGINE,
+        where="Engine::submit",
         find="              \"kvswap Ascend engine asked to copy on \", device);\n  c10::DeviceGuard guard(device);\n",
         replace="              \"kvswap Ascend engine asked to copy on \", device);\n",
         tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_paths-"
@@ -437,6 +482,7 @@ MUTANTS = [
     dict(
         name="fake-acl-stream-of-another-context-accepted",
         file=FAKE_ACL,
+        where="check_context",
         find="  if (s->device == current) return 0;\n",
         replace="  if (true) return 0;\n",
         tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
@@ -447,6 +493,7 @@ MUTANTS = [
     dict(
         name="ascend-refused-stream-never-probed-again",
         file=ENGINE,
+        where="Engine::batch_allowed",
         find="  if (--it->second.until_probe > 0) return false;\n",
         replace="  return false;\n",
         tests=cann("test_a_refused_stream_is_probed_again_with_backoff"),
@@ -456,6 +503,7 @@ MUTANTS = [
     dict(
         name="ascend-reprobe-without-backoff",
         file=ENGINE,
+        where="Engine::set_batch_state",
         find="    const uint64_t shift = std::min<uint64_t>(s.refusals, 10);\n",
         replace="    const uint64_t shift = 0;\n",
         tests=cann("test_a_stream_that_keeps_refusing_is_probed_ever_less_often"),
@@ -464,6 +512,7 @@ MUTANTS = [
     dict(
         name="fake-acl-clobbers-the-arrays-of-a-failed-batch",
         file=FAKE_ACL,
+        where="memcpy_batch_async",
         find="  if (err != 0) return err;\n  for (size_t i = 0; i < n; ++i) {\n",
         replace="  for (size_t i = 0; i < n; ++i) {\n",
         tests=cann("test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_parts"),
@@ -473,6 +522,7 @@ MUTANTS = [
     dict(
         name="fake-acl-jetty-limit-on-every-chip",
         file=FAKE_ACL,
+        where="Runtime::record_into_graph",
         find="  if (batch_route == BatchRoute::kUb && entries + need > kGraphWorkEntries) {\n",
         replace="  if (entries + need > kGraphWorkEntries) {\n",
         tests=cann("test_only_ub_chips_cap_a_captured_stream_at_32768_work_entries"),
@@ -481,6 +531,7 @@ MUTANTS = [
     dict(
         name="fake-acl-sub-graph-refusal-outside-capture",
         file=FAKE_ACL,
+        where="memcpy_batch_async",
         find="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s)) {\n",
         replace="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {\n",
         tests=cann("test_refusals_for_a_device_and_for_one_stream"),

@@ -11,6 +11,7 @@ MUTANTS = [
     dict(
         name="checked-mode-never-on",
         file=_CPP,
+        where="set_checked_mode",
         find="void set_checked_mode(bool on) { g_checked_mode.store(on, std::memory_order_relaxed); }",
         replace="void set_checked_mode(bool on) { g_checked_mode.store(false, std::memory_order_relaxed); }",
         tests=_OPS,
@@ -19,6 +20,7 @@ MUTANTS = [
     dict(
         name="checked-nested-block-turns-it-off",
         file=_PY,
+        where="_apply",
         find="torch.ops.kvswap._set_checked(_switched_on or _open_blocks > 0)",
         replace="torch.ops.kvswap._set_checked(_switched_on or _open_blocks == 1)",
         tests=_OPS,
@@ -28,6 +30,7 @@ MUTANTS = [
     dict(
         name="checked-region-end-ignored",
         file=_CPP,
+        where="RegionLookup::inside",
         find="    return b <= max_end_;",
         replace="    return a < max_end_;",
         tests=_OPS,
@@ -37,6 +40,7 @@ MUTANTS = [
     dict(
         name="checked-region-side-ignored",
         file=_CPP,
+        where="check_pointer_batch",
         find="const Side dst_side = direction == Direction::kDeviceToHost ? Side::kHost : Side::kDevice;",
         replace="const Side dst_side = Side::kHost;",
         tests=_OPS,
@@ -46,6 +50,7 @@ MUTANTS = [
     dict(
         name="checked-freed-region-kept",
         file=_CPP,
+        where="RegionTable::live_regions",
         find="      if (!r.storage.expired()) out.push_back(r);",
         replace="      out.push_back(r);",
         tests=_OPS,
@@ -54,6 +59,7 @@ MUTANTS = [
     dict(
         name="checked-offloader-caches-registered-as-host",
         file=_PY,
+        where="attach",
         find='_register_region(t, "device", f"device cache {i}")',
         replace='_register_region(t, "host", f"device cache {i}")',
         tests=_OFF,
@@ -63,6 +69,7 @@ MUTANTS = [
     dict(
         name="checked-destination-overlaps-unchecked",
         file=_CPP,
+        where="check_pointer_batch",
         find="  for (size_t k = 1; k < dsts.size(); ++k) {",
         replace="  for (size_t k = dsts.size(); k < dsts.size(); ++k) {",
         tests=_OPS,
@@ -71,6 +78,7 @@ MUTANTS = [
     dict(
         name="checked-chains-unchecked",
         file=_CPP,
+        where="check_pointer_batch",
         find="  if (!same_space) return;",
         replace="  return;",
         tests=_OPS,
@@ -79,6 +87,7 @@ MUTANTS = [
     dict(
         name="checked-touching-chain-refused",
         file=_CPP,
+        where="check_pointer_batch",
         find="if (p < dsts.size() && dsts[p].begin < x.end) {",
         replace="if (p < dsts.size() && dsts[p].begin <= x.end) {",
         tests=_OPS,
@@ -87,6 +96,7 @@ MUTANTS = [
     dict(
         name="checked-unsorted-descriptors-not-sorted",
         file=_CPP,
+        where="order_by_address",
         find="  if (s.sorted) return;\n",
         replace="  return;\n",
         tests=_OPS,
@@ -96,6 +106,7 @@ MUTANTS = [
     dict(
         name="checked-unsorted-destination-marks-one-unit",
         file=_CPP,
+        where="passes_unsorted",
         find="    const uint64_t u1 = u0 + (static_cast<uint64_t>(size[i]) >> shift);",
         replace="    const uint64_t u1 = u0 + 1;",
         tests=_LARGE,
@@ -104,6 +115,7 @@ MUTANTS = [
     dict(
         name="checked-unsorted-chains-skipped",
         file=_CPP,
+        where="passes_unsorted",
         find="    if (!chains || b <= lo || a >= end) continue;",
         replace="    if (true) continue;",
         tests=_LARGE,
@@ -112,6 +124,7 @@ MUTANTS = [
     dict(
         name="checked-unsorted-source-end-rounded-down",
         file=_CPP,
+        where="passes_unsorted",
         find="const uint64_t u1 = ((std::min(b, end) - lo) + (uint64_t{1} << shift) - 1) >> shift;",
         replace="const uint64_t u1 = (std::min(b, end) - lo) >> shift;",
         tests=_LARGE,
@@ -120,6 +133,7 @@ MUTANTS = [
     dict(
         name="checked-unsorted-source-regions-skipped",
         file=_CPP,
+        where="passes_unsorted",
         find="    if (!src_lookup.inside(a, b)) return false;\n",
         replace="",
         tests=_LARGE,
@@ -129,6 +143,7 @@ MUTANTS = [
     dict(
         name="checked-device-ids-unchecked",
         file="csrc/core/ops.cpp",
+        where="swap_blocks_by_kernel",
         find="    } else if (checked_mode()) {\n      check_device_resident_ids(",
         replace="    } else if (false) {\n      check_device_resident_ids(",
         tests=_OPS,
@@ -137,6 +152,7 @@ MUTANTS = [
     dict(
         name="checked-device-ids-read-back-under-capture",
         file=_CPP,
+        where="check_device_resident_ids",
         find="  if (stream_capturing(device)) {\n    TORCH_WARN_ONCE(",
         replace="  if (false) {\n    TORCH_WARN_ONCE(",
         tests=_OPS,
@@ -146,6 +162,7 @@ MUTANTS = [
     dict(
         name="checked-load-of-empty-block-allowed",
         file=_PY,
+        where="OffloaderChecks.admit",
         find="hit = np.flatnonzero(~self._stored[g, host])",
         replace="hit = np.flatnonzero(self._stored[g, host] & False)",
         tests=_OFF,
@@ -154,6 +171,7 @@ MUTANTS = [
     dict(
         name="checked-load-racing-its-store-allowed",
         file=_PY,
+        where="OffloaderChecks.admit",
         find="hit = np.flatnonzero(self._storing[h, host] != _EMPTY)",
         replace="hit = np.flatnonzero(self._storing[h, host] == -2)",
         tests=_OFF,
@@ -162,6 +180,7 @@ MUTANTS = [
     dict(
         name="checked-store-over-pending-load-allowed",
         file=_PY,
+        where="OffloaderChecks.admit",
         find="self._reading[h, host] > 0,",
         replace="self._reading[h, host] > 1,",
         tests=_OFF,
@@ -170,6 +189,7 @@ MUTANTS = [
     dict(
         name="checked-store-of-blocks-being-loaded-allowed",
         file=_PY,
+        where="OffloaderChecks.admit",
         find="self._writing[h, dev] > 0,",
         replace="self._writing[h, dev] > 1,",
         tests=_OFF,
@@ -178,6 +198,7 @@ MUTANTS = [
     dict(
         name="checked-reported-store-not-marked-stored",
         file=_PY,
+        where="OffloaderChecks.finish",
         find="                self._stored[g, mine] = ok\n",
         replace="                self._stored[g, mine] = False\n",
         tests=_OFF,
@@ -186,6 +207,7 @@ MUTANTS = [
     dict(
         name="checked-failed-store-marked-stored",
         file=_PY,
+        where="OffloaderChecks.finish",
         find="                self._stored[g, mine] = ok\n",
         replace="                self._stored[g, mine] = True\n",
         tests=_OFF,
@@ -194,6 +216,7 @@ MUTANTS = [
     dict(
         name="checked-earlier-store-finishes-a-later-one",
         file=_PY,
+        where="OffloaderChecks.finish",
         find="mine = host[self._storing[g, host] == job.job_id]",
         replace="mine = host",
         tests=_OFF,
@@ -202,6 +225,7 @@ MUTANTS = [
     dict(
         name="checked-wait-not-seen-as-finished",
         file="torch_kvswap/offloader/lanes.py",
+        where="Lanes.wait",
         find="                self._checks.observed(jobs)  # the caller has seen them finish\n",
         replace="                pass\n",
         tests=_OFF,
@@ -210,6 +234,7 @@ MUTANTS = [
     dict(
         name="checked-groups-sharing-tensors-ignored",
         file=_PY,
+        where="OffloaderChecks.admit",
         find="            related = self._related[g]\n",
         replace="            related = [g]\n",
         tests=_OFF,
@@ -218,6 +243,7 @@ MUTANTS = [
     dict(
         name="checked-offloader-ignores-the-mode",
         file=_PY,
+        where="attach",
         find="    if check is None:\n        check = is_checked()\n",
         replace="    if check is None:\n        check = False\n",
         tests=_OFF,

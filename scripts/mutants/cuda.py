@@ -7,6 +7,7 @@ MUTANTS = [
     dict(
         name="cuda-last-error-not-cleared",
         file="csrc/cuda/cuda_engine.cpp",
+        where="clear_last_error",
         find="void clear_last_error() { (void)api().get_last_error(); }",
         replace="void clear_last_error() {}",
         tests=[FAKE + "::test_finding_1_failed_calls_do_not_leave_the_last_error"],
@@ -16,6 +17,7 @@ MUTANTS = [
     dict(
         name="cuda-batch-api-by-build-only",
         file="csrc/cuda/cuda_engine.cpp",
+        where="batch_resolved",
         find="state.usable = r == cudaSuccess && d == cudaSuccess && runtime >= kBatchMinVersion &&\n"
              "                   driver >= kBatchMinVersion;",
         replace="state.usable = true;",
@@ -25,6 +27,7 @@ MUTANTS = [
     dict(
         name="cuda-batch-unsupported-not-latched",
         file="csrc/cuda/cuda_engine.cpp",
+        where="means_unsupported",
         find="  return err == cudaErrorNotSupported || err == cudaErrorInsufficientDriver ||\n"
              "         err == cudaErrorCallRequiresNewerDriver;",
         replace="  return false;",
@@ -35,6 +38,7 @@ MUTANTS = [
     dict(
         name="cuda-batch-attrs-per-descriptor",
         file="csrc/cuda/cuda_engine.cpp",
+        where="copy_batched",
         find="&args->attr, &args->index, 1, &fail_index, stream);",
         replace="std::vector<cudaMemcpyAttributes>(static_cast<size_t>(b.count), args->attr).data(),\n"
                 "[&b] { std::vector<size_t> i(static_cast<size_t>(b.count)); "
@@ -46,6 +50,7 @@ MUTANTS = [
     dict(
         name="cuda-event-query-in-global-mode",
         file="csrc/cuda/cuda_engine.cpp",
+        where="TableRuntime::completed",
         find="    KVSWAP_CUDA_CHECK(api().thread_exchange_stream_capture_mode(&mode));\n",
         replace="",
         tests=[FAKE + "::test_finding_4_polling_in_flight_batches_leaves_another_threads_capture_valid"],
@@ -55,6 +60,7 @@ MUTANTS = [
     dict(
         name="cuda-pointer-attributes-before-the-guard",
         file="csrc/cuda/cuda_engine.cpp",
+        where="host_mapped_cuda",
         find="  DeviceScope scope(index);\n  std::optional<RelaxedCaptureMode> relaxed;",
         replace="  (void)index;\n  std::optional<RelaxedCaptureMode> relaxed;",
         tests=[FAKE + "::test_finding_5_pointer_attributes_once_per_host_storage_with_the_device_current"],
@@ -64,6 +70,7 @@ MUTANTS = [
     dict(
         name="cuda-pointer-attributes-per-tensor",
         file="csrc/cuda/cuda_engine.cpp",
+        where="host_mapped_cuda",
         find="    if (std::find(asked.begin(), asked.end(), p) != asked.end()) return true;\n",
         replace="",
         tests=[FAKE + "::test_finding_5_pointer_attributes_once_per_host_storage_with_the_device_current"],
@@ -80,6 +87,7 @@ MUTANTS = [
     dict(
         name="cuda-kernel-byte-loop",
         file="csrc/cuda/copy_kernel.h",
+        where="copy_bytes",
         find="  if ((rel & 15) == 0) {\n    copy_words<Vec16>(from, to, bytes, tid, nthreads);\n  } else if",
         replace="  if (((rel | static_cast<uintptr_t>(bytes)) & 15) == 0) {\n"
                 "    copy_words<Vec16>(from, to, bytes, tid, nthreads);\n  } else if (true) {\n"
@@ -90,6 +98,7 @@ MUTANTS = [
     dict(
         name="cuda-host-ids-moved-to-the-device",
         file="csrc/core/ops.cpp",
+        where="swap_blocks_by_kernel",
         find="  const auto sid = src_block_ids.contiguous();\n  const auto did = dst_block_ids.contiguous();",
         replace="  const auto sid = src_block_ids.to(device, /*non_blocking=*/false).contiguous();\n"
                 "  const auto did = dst_block_ids.to(device, /*non_blocking=*/false).contiguous();",
@@ -101,6 +110,7 @@ MUTANTS = [
     dict(
         name="cuda-device-ids-under-capture-refused",
         file="csrc/core/ops.cpp",
+        where="choose_path",
         find="(small || capturing)",
         replace="small",
         tests=[FAKE + "::test_auto_routes_device_ids_under_capture_to_the_kernel"],
@@ -110,6 +120,7 @@ MUTANTS = [
     dict(
         name="cuda-capture-query-unregistered",
         file="csrc/cuda/cuda_engine.cpp",
+        where="register_cuda_engine",
         find='  m.impl("_stream_capturing", &stream_capturing_cuda);\n',
         replace="",
         tests=[FAKE + "::test_capture_and_replay"],
@@ -119,6 +130,7 @@ MUTANTS = [
     dict(
         name="cuda-inflight-released-when-record-fails",
         file="csrc/engine_common.h",
+        where="InFlightArrays::hold",
         find="      free_.push_back(event);\n      throw;",
         replace="      free_.push_back(event);\n      live_.pop_back();\n      throw;",
         tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
@@ -128,6 +140,7 @@ MUTANTS = [
     dict(
         name="cuda-inflight-held-after-the-event",
         file="csrc/engine_common.h",
+        where="InFlightArrays::hold",
         find="    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});\n"
              "    Entry& entry = live_.back();  // deque: push_back keeps references valid\n"
              "    const Event event = free_.empty() ? Runtime::create_event() : take_free();",
@@ -140,6 +153,7 @@ MUTANTS = [
     dict(
         name="cuda-inflight-polled-before-held",
         file="csrc/engine_common.h",
+        where="InFlightArrays::hold",
         find="    std::lock_guard<std::mutex> lock(mutex_);\n    live_.push_back(",
         replace="    std::lock_guard<std::mutex> lock(mutex_);\n    retire_locked(live_.size());\n    live_.push_back(",
         tests=[FAKE + "::test_a_batch_stays_held_when_polling_earlier_batches_fails"],
@@ -148,6 +162,7 @@ MUTANTS = [
     dict(
         name="cuda-inflight-eventless-never-retired",
         file="csrc/engine_common.h",
+        where="InFlightArrays::retire_locked",
         find="        done = std::find(finished.begin(), finished.end(), it->stream) != finished.end();",
         replace="        done = false;",
         tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
@@ -157,6 +172,7 @@ MUTANTS = [
     dict(
         name="cuda-pinned-use-not-recorded-dma",
         file="csrc/core/ops.cpp",
+        where="swap_blocks",
         find="  if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
@@ -165,6 +181,7 @@ MUTANTS = [
     dict(
         name="cuda-pinned-use-not-recorded-kernel",
         file="csrc/core/ops.cpp",
+        where="swap_blocks",
         find="    // The kernel reads or writes the mapped host caches when it runs.\n"
              "    record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
@@ -175,6 +192,7 @@ MUTANTS = [
     dict(
         name="cuda-pointer-query-in-global-mode",
         file="csrc/cuda/cuda_engine.cpp",
+        where="host_mapped_cuda",
         find="    if (!relaxed) relaxed.emplace();\n",
         replace="",
         tests=[FAKE + "::test_the_pointer_query_is_safe_under_capture_either_way"],
@@ -184,6 +202,7 @@ MUTANTS = [
     dict(
         name="cuda-pointer-query-errors-read-as-unmapped",
         file="csrc/cuda/cuda_engine.cpp",
+        where="runtime_says_mapped",
         find="  if (err == cudaErrorInvalidValue) {\n    clear_last_error();\n    return false;\n  }",
         replace="  if (err != cudaSuccess) {\n    clear_last_error();\n    return false;\n  }",
         tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
@@ -194,6 +213,7 @@ MUTANTS = [
     dict(
         name="cuda-small-params-only",
         file="csrc/cuda/cuda_engine.cpp",
+        where="copy_by_kernel",
         find="  if (param_limit(index) == kLargeParamLimit) {",
         replace="  if (false) {",
         tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
@@ -202,6 +222,7 @@ MUTANTS = [
     dict(
         name="cuda-large-params-ignore-driver",
         file="csrc/cuda/cuda_engine.cpp",
+        where="param_limit",
         find="            driver >= kLargeParamsMinVersion && major >= kLargeParamsMinMajor;",
         replace="            major >= kLargeParamsMinMajor;",
         tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
@@ -210,6 +231,7 @@ MUTANTS = [
     dict(
         name="cuda-large-params-ignore-runtime",
         file="csrc/cuda/cuda_engine.cpp",
+        where="param_limit",
         find="runtime >= kLargeParamsMinVersion &&\n",
         replace="true &&\n",
         tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
@@ -218,6 +240,7 @@ MUTANTS = [
     dict(
         name="cuda-large-params-ignore-architecture",
         file="csrc/cuda/cuda_engine.cpp",
+        where="param_limit",
         find="major >= kLargeParamsMinMajor;",
         replace="true;",
         tests=[FAKE + "::test_launches_per_4096_host_ids_with_each_parameter_limit"],
@@ -227,6 +250,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-sticky-error-cleared",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="f_get_last_error",
         find="  t_last_error = world().sticky;",
         replace="  t_last_error = cudaSuccess;",
         tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
@@ -235,6 +259,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-sticky-error-not-answered",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="KVSWAP_FAKE_STICKY",
         find="    if (world().sticky != cudaSuccess) return note(api, stream, world().sticky); \\",
         replace="    if (false) return note(api, stream, world().sticky); \\",
         tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
@@ -243,6 +268,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-invalidated-capture-records",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="enqueue",
         find="    if (s->capture->invalidated) return cudaErrorStreamCaptureInvalidated;\n",
         replace="",
         tests=[FAKE + "::test_an_invalidated_capture_answers_901_to_further_work"],
@@ -251,6 +277,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-pointer-query-always-legal",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="f_pointer_attributes",
         find="  if (w.faults.pointer_query_unsafe && unsafe_prohibited()) {",
         replace="  if (false) {",
         tests=[FAKE + "::test_the_fake_refuses_the_pointer_query_under_global_capture_in_that_mode"],
@@ -259,6 +286,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-param-limit-unenforced",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="param_rule",
         find="  return large ? cudaSuccess : cudaErrorNotSupported;",
         replace="  return cudaSuccess;",
         tests=[FAKE + "::test_the_fake_enforces_the_parameter_limit"],
@@ -267,6 +295,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-pinned-block-reused-at-once",
         file="tests/fake_cuda/fake_cuda_module.cpp",
+        where="KVSWAP_PYTHON_MODULE",
         find="      for (const auto& [s, at] : b.uses) idle = idle && fake_cuda::stream_reached(s, at);\n",
         replace="",
         tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
@@ -275,6 +304,7 @@ MUTANTS = [
     dict(
         name="cuda-per-copy-error-hides-queued-copies",
         file="csrc/cuda/cuda_engine.cpp",
+        where="copy_each",
         find='format_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");',
         replace='format_descriptor(b, i));',
         tests=[FAKE + "::test_a_per_copy_failure_names_the_descriptors_already_queued_and_they_land"],
@@ -284,6 +314,7 @@ MUTANTS = [
     dict(
         name="cuda-submit-error-does-not-say-nothing-was-copied",
         file="csrc/cuda/cuda_engine.cpp",
+        where="submit_cuda",
         find="    copy_each(batch, stream, queued);\n  } catch (c10::Error& e) {\n    if (!queued) e.add_context(kNothingCopied);",
         replace="    copy_each(batch, stream, queued);\n  } catch (c10::Error& e) {",
         tests=[FAKE + "::test_an_engine_error_before_any_copy_says_nothing_was_copied",
@@ -293,6 +324,7 @@ MUTANTS = [
     dict(
         name="cuda-failed-batch-claims-nothing-was-copied",
         file="csrc/cuda/cuda_engine.cpp",
+        where="submit_cuda",
         find="      queued = true;\n      if (copy_batched(",
         replace="      if (copy_batched(",
         tests=[FAKE + "::test_a_failed_batch_says_its_copies_may_have_been_queued"],
@@ -302,6 +334,7 @@ MUTANTS = [
     dict(
         name="cuda-kernel-error-hides-earlier-launches",
         file="csrc/cuda/cuda_engine.cpp",
+        where="launch_all",
         find='queued ? "; " + launched_before(first_id, first_id + count - 1, first_pair) : "");',
         replace='"");',
         tests=[FAKE + "::test_a_kernel_launch_failure_names_the_launches_already_queued"],
@@ -310,6 +343,7 @@ MUTANTS = [
     dict(
         name="cuda-kernel-launch-error-drops-the-earlier-pairs",
         file="csrc/cuda/cuda_engine.cpp",
+        where="launched_before",
         find='  if (first_pair > 0) out << "ids " << first_id << ".." << last_id << " of pairs 0.." << first_pair - 1;',
         replace="",
         tests=[FAKE + "::test_a_kernel_launch_failure_names_the_launches_already_queued"],
@@ -319,6 +353,7 @@ MUTANTS = [
     dict(
         name="cuda-mapped-by-storage-base",
         file="csrc/cuda/cuda_engine.cpp",
+        where="host_mapped_cuda",
         find="    switch (registrations().coverage(lo, hi, starts)) {",
         replace="    (void)registrations().coverage(lo, hi, starts);\n    switch (Coverage::kNone) {",
         tests=[FAKE + "::test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it",
@@ -329,6 +364,7 @@ MUTANTS = [
     dict(
         name="cuda-registration-gap-ignored",
         file="csrc/engine_common.h",
+        where="RegisteredRanges::coverage",
         find="    if (it->first > covered) return Coverage::kPartial;  // a gap before this one\n",
         replace="",
         tests=[FAKE + "::test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are",
@@ -340,6 +376,7 @@ MUTANTS = [
     dict(
         name="cuda-mapped-without-the-runtimes-opinion",
         file="csrc/cuda/cuda_engine.cpp",
+        where="host_mapped_cuda",
         find="          if (!mapped_at(reinterpret_cast<const void*>(start))) return false;",
         replace="          (void)start;",
         tests=[FAKE + "::test_the_runtime_has_a_second_opinion_on_registered_bytes"],
@@ -348,6 +385,7 @@ MUTANTS = [
     dict(
         name="cuda-mapped-range-ignores-strides",
         file="csrc/engine_common.h",
+        where="byte_range",
         find="  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};",
         replace="  return {first, first + t.nbytes()};",
         tests=[FAKE + "::test_a_strided_host_view_is_judged_by_every_byte_it_spans"],
@@ -358,6 +396,7 @@ MUTANTS = [
     dict(
         name="cuda-device-scope-restore-throws",
         file="csrc/cuda/cuda_engine.cpp",
+        where="DeviceScope",
         find="  ~DeviceScope() {\n    if (previous_ == device_) return;\n",
         replace="  ~DeviceScope() {\n    if (previous_ != device_) api().exchange_device(previous_);\n    return;\n",
         tests=[FAKE + "::test_a_refused_device_restore_warns_once_and_never_throws"],
@@ -366,6 +405,7 @@ MUTANTS = [
     dict(
         name="cuda-kernel-without-device-scope",
         file="csrc/cuda/cuda_engine.cpp",
+        where="copy_by_kernel",
         find="  if (n == 0 || pairs.empty()) return;\n\n  DeviceScope scope(index);\n",
         replace="  if (n == 0 || pairs.empty()) return;\n\n",
         tests=[FAKE + "::test_copies_on_a_device_that_is_not_current"],
@@ -375,6 +415,7 @@ MUTANTS = [
     dict(
         name="cuda-submit-without-device-scope",
         file="csrc/cuda/cuda_engine.cpp",
+        where="submit_cuda",
         find="    DeviceScope scope(index);\n    const cudaStream_t stream = api().current_stream(index);\n",
         replace="    const cudaStream_t stream = api().current_stream(index);\n",
         tests=[FAKE + "::test_copies_on_a_device_that_is_not_current"],
@@ -383,6 +424,7 @@ MUTANTS = [
     dict(
         name="cuda-batch-fail-index-dropped",
         file="csrc/cuda/cuda_engine.cpp",
+        where="copy_batched",
         find="                fail_index < static_cast<size_t>(b.count)\n",
         replace="                false\n",
         tests=[FAKE + "::test_a_batch_failure_names_the_descriptor_the_runtime_reports"],
@@ -391,6 +433,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-launch-ignores-the-current-device",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="launch_kernel",
         find="  if (s->device != t_device) return failed_work(\"cudaLaunchKernel\", s, cudaErrorInvalidResourceHandle);",
         replace="",
         tests=[FAKE + "::test_fake_rule_launches_and_event_records_belong_to_the_current_device"],
@@ -399,6 +442,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-event-record-ignores-devices",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="f_event_record",
         find="  if (e->device != s->device) return note(\"cudaEventRecord\", s, cudaErrorInvalidResourceHandle);",
         replace="",
         tests=[FAKE + "::test_fake_rule_launches_and_event_records_belong_to_the_current_device"],
@@ -407,6 +451,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-invalid-device-accepted",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="f_exchange_device",
         find="  const cudaError_t err = device < 0 || device >= w.devices ? cudaErrorInvalidDevice\n",
         replace="  const cudaError_t err = false ? cudaErrorInvalidDevice\n",
         tests=[FAKE + "::test_an_invalid_device_is_the_runtimes_error"],
@@ -415,6 +460,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-batch-in-order",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="f_memcpy_batch",
         find="    for (size_t i : batch_order(snap_dst->size())) ",
         replace="    for (size_t i = 0; i < snap_dst->size(); ++i) ",
         tests=[FAKE + "::test_fake_rule_a_batchs_copies_land_in_no_set_order"],
@@ -423,6 +469,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-failed-work-leaves-the-capture-valid",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="failed_work",
         find="  if (s->capture != nullptr) invalidate(s->capture);\n  return note(api, s, err);",
         replace="  return note(api, s, err);",
         tests=[FAKE + "::test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture"],
@@ -432,6 +479,7 @@ MUTANTS = [
     dict(
         name="cuda-report-claims-the-capture-info-query",
         file="csrc/cuda/cuda_engine.cpp",
+        where="engine_report_cuda",
         find='"capture_query=cudaStreamIsCapturing (every CUDA release)",',
         replace='"capture_query=cudaStreamGetCaptureInfo (every CUDA release)",',
         tests=[FAKE + "::test_environment_report_says_what_the_engine_uses_on_the_device"],
@@ -440,6 +488,7 @@ MUTANTS = [
     dict(
         name="cuda-capture-of-large-blocks-per-descriptor",
         file="csrc/core/ops.cpp",
+        where="choose_path",
         find="  if (kernel_available && (small || capturing) && mapped().value_or(false)) {",
         replace="  if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {",
         tests=[FAKE + "::test_a_capture_of_many_large_blocks_stays_a_few_graph_nodes"],
@@ -449,6 +498,7 @@ MUTANTS = [
     dict(
         name="fake-cuda-current-stream-process-wide",
         file="tests/fake_cuda/fake_cuda_runtime.cpp",
+        where="set_current_stream",
         find="  t_streams.set[device] = stream;\n",
         replace="  w.current.at(static_cast<size_t>(device)) = stream;\n",
         tests=[FAKE + "::test_the_current_stream_is_per_thread"],

@@ -10,6 +10,7 @@ MUTANTS = [
     dict(
         name="gpukit-out-file-count-unchecked",
         file=F,
+        where="check_out",
         find="    if len(files) > MAX_FILES:\n",
         replace="    if len(files) > MAX_FILES + 9:\n",
         tests=[T + "::test_more_than_six_files_are_refused"],
@@ -18,6 +19,7 @@ MUTANTS = [
     dict(
         name="gpukit-out-folders-allowed",
         file=F,
+        where="check_out",
         find="        for d in sorted(dirnames):\n            problems.append(",
         replace="        for d in sorted(dirnames)[:0]:\n            problems.append(",
         tests=[T + "::test_folders_and_the_files_in_them_are_refused"],
@@ -26,6 +28,7 @@ MUTANTS = [
     dict(
         name="gpukit-ratio-goals-always-pass",
         file=F,
+        where="ratio_goal",
         find='                "verdict": "pass" if v >= target else "fail"}',
         replace='                "verdict": "pass"}',
         tests=[T + "::test_each_goal_fails_where_its_number_falls_short"],
@@ -34,6 +37,7 @@ MUTANTS = [
     dict(
         name="gpukit-sanitizer-skipped-tests-pass",
         file=F,
+        where="judge_goals",
         find='                     "verdict": "pass" if clean and not unrun else "fail"}',
         replace='                     "verdict": "pass" if clean else "fail"}',
         tests=[T + "::test_the_sanitizer_goal_fails_when_its_tests_skipped_or_it_printed_no_summary"],
@@ -42,6 +46,7 @@ MUTANTS = [
     dict(
         name="gpukit-crossover-off-by-one-size",
         file=F,
+        where="crossover",
         find="                max([k for k in sizes if k < dma_from], default=0) < AUTO_THRESHOLD_KIB <= dma_from,",
         replace="                max([k for k in sizes if k < dma_from], default=0) <= AUTO_THRESHOLD_KIB <= dma_from,",
         tests=[T + "::test_a_kernel_still_faster_at_the_threshold_disagrees_with_auto"],

@@ -8,6 +8,7 @@ MUTANTS = [
     dict(
         name="install-version-guard-ignores-patch-release",
         file="torch_kvswap/_loader.py",
+        where="check_built_against",
         find="    if release(built) != release(running):\n",
         replace="    if release(built)[:2] != release(running)[:2]:\n",
         tests=[T + "::test_extension_built_for_another_torch_fails_to_import_with_the_version_message"],
@@ -16,6 +17,7 @@ MUTANTS = [
     dict(
         name="install-version-guard-compares-local-tags",
         file="torch_kvswap/_build_shared.py",
+        where="release",
         find='    return tuple(int(x) for x in re.findall(r"\\d+", version.split("+")[0])[:3])\n',
         replace='    return tuple(int(x) for x in re.findall(r"\\d+", version)[:3]) + (version,)\n',
         tests=[T + "::test_version_guard_accepts_the_same_release_of_another_build_variant"],
@@ -24,6 +26,7 @@ MUTANTS = [
     dict(
         name="install-cuda-major-mismatch-builds",
         file="setup_helpers/engines.py",
+        where="decide_cuda",
         find="    if f.torch_cuda and release(f.torch_cuda)[0] != release(f.nvcc_version)[0]:\n",
         replace="    if False:\n",
         tests=[T + "::test_nvcc_of_another_major_version_than_torch_skips_the_engine"],
@@ -32,6 +35,7 @@ MUTANTS = [
     dict(
         name="install-no-default-archs-without-gpu",
         file="setup_helpers/engines.py",
+        where="decide_cuda",
         find="    if arch_list is None and f.visible_gpus == 0:\n",
         replace="    if arch_list is None and f.visible_gpus < 0:\n",
         tests=[T + "::test_cuda_engine_on_a_machine_with_nvcc_and_no_gpu_builds_for_the_default_archs"],
@@ -40,6 +44,7 @@ MUTANTS = [
     dict(
         name="install-ptx-on-oldest-arch",
         file="setup_helpers/engines.py",
+        where="default_cuda_archs",
         find="        kept[-1] += \"+PTX\"\n",
         replace="        kept[0] += \"+PTX\"\n",
         tests=[T + "::test_default_archs_drop_what_nvcc_cannot_target_and_keep_ptx_on_the_newest"],
@@ -48,6 +53,7 @@ MUTANTS = [
     dict(
         name="install-build-env-torch-accepted",
         file="setup.py",
+        where="import_build_torch",
         find='    if "pip-build-env" in str(Path(torch.__file__).resolve()):\n',
         replace='    if "pip-build-env-never" in str(Path(torch.__file__).resolve()):\n',
         tests=[T + "::test_a_torch_inside_pips_isolated_build_environment_is_refused"],
@@ -56,6 +62,7 @@ MUTANTS = [
     dict(
         name="install-old-torch-accepted",
         file="setup.py",
+        where="import_build_torch",
         find="    if release(torch.__version__)[:2] < MIN_TORCH:\n",
         replace="    if release(torch.__version__)[:1] < MIN_TORCH[:1]:\n",
         tests=[T + "::test_a_torch_older_than_the_oldest_supported_release_is_refused"],
@@ -64,6 +71,7 @@ MUTANTS = [
     dict(
         name="install-forced-engine-silently-skipped",
         file="setup_helpers/engines.py",
+        where="refuse_impossible_forced",
         find="        if d.forced and not d.build:\n",
         replace="        if d.forced and not d.build and False:\n",
         tests=[T + "::test_a_forced_engine_that_cannot_be_built_stops_the_build"],
@@ -72,6 +80,7 @@ MUTANTS = [
     dict(
         name="install-report-hides-not-built-reason",
         file="torch_kvswap/envreport.py",
+        where="engine_rows",
         find="            state = engine_state(key, entry)\n",
         replace="            state = \"not built\"\n",
         tests=[T + "::test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engine"],
@@ -80,6 +89,7 @@ MUTANTS = [
     dict(
         name="install-nvcc-arch-listing-misread",
         file="setup_helpers/engines.py",
+        where="parse_gpu_archs",
         find='    return [f"{m[:-1]}.{m[-1]}" for m in re.findall(r"compute_(\\d+)\\b", listing)]\n',
         replace='    return [f"{m[0]}.{m[1:]}" for m in re.findall(r"compute_(\\d+)\\b", listing)]\n',
         tests=[T + "::test_nvcc_arch_listing_is_read_as_torch_arch_names"],
@@ -88,6 +98,7 @@ MUTANTS = [
     dict(
         name="install-npu-old-acl-headers-missed",
         file="setup.py",
+        where="npu_extension",
         find='include_dirs=[str(include), str(include / "third_party" / "acl" / "inc")],',
         replace='include_dirs=[str(include)],',
         tests=[T + "::test_ascend_build_finds_acl_headers_where_torch_npu_2_10_0_post4_keeps_them"],
@@ -96,6 +107,7 @@ MUTANTS = [
     dict(
         name="install-npu-libtorch-npu-not-linked",
         file="setup.py",
+        where="npu_extension",
         find='f"-L{npu_root / \'lib\'}", "-ltorch_npu", ',
         replace='f"-L{npu_root / \'lib\'}", ',
         tests=[T + "::test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_it"],

@@ -11,6 +11,7 @@ MUTANTS = [
     dict(
         name="install-fake-extension-kept-in-wheel",
         file="setup_helpers/build_command.py",
+        where="remove_stale_extensions",
         find="        if path.name not in keep:\n",
         replace="        if path.name not in keep and not path.name.startswith(\"_fake\"):\n",
         tests=[I + "::test_a_build_leaves_out_every_extension_file_it_did_not_build"],
@@ -19,6 +20,7 @@ MUTANTS = [
     dict(
         name="install-leftover-engine-loaded",
         file="torch_kvswap/_loader.py",
+        where="_load_optional",
         find="    if recorded is not None and not recorded.get(\"built\"):\n",
         replace="    if False:\n",
         tests=[I + "::test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_reported"],
@@ -27,6 +29,7 @@ MUTANTS = [
     dict(
         name="install-shadowing-clone-told-to-reinstall",
         file="torch_kvswap/_loader.py",
+        where="rebuild_hint",
         find="    if not is_source_tree(package_dir):\n",
         replace="    if True:\n",
         tests=[I + "::test_a_clone_imported_from_its_root_names_its_folder_and_the_fix"],
@@ -35,6 +38,7 @@ MUTANTS = [
     dict(
         name="demo-names-a-loaded-engine",
         file="torch_kvswap/bench/demo.py",
+        where="engine_name",
         find="    key = _loader.engine_for(device)\n    if key is None:\n",
         replace="    key = next((k for k, v in torch_kvswap.ENGINES.items() if v), \"host\")\n    if key is None:\n",
         tests=[D + "::test_the_demo_names_the_engine_whose_kernel_received_every_byte"],
@@ -51,6 +55,7 @@ MUTANTS = [
     dict(
         name="bench-plot-checked-after-the-run",
         file="torch_kvswap/bench/throughput.py",
+        where="parse_args",
         find="    if args.plot and not matplotlib_available():\n",
         replace="    if False:\n",
         tests=[D + "::test_bench_refuses_plot_without_matplotlib_before_the_run"],

@@ -8,6 +8,7 @@ MUTANTS = [
     dict(
         name="handler-offset-ignored",
         file=_O + "planning.py",
+        where="Planner._spans",
         find="                skip = offs[g]\n",
         replace="                skip = 0\n",
         tests=_T,
@@ -17,6 +18,7 @@ MUTANTS = [
     dict(
         name="handler-partial-last-chunk-dropped",
         file=_O + "planning.py",
+        where="Planner._spans",
         find="spans.append((skip, -(-(n + skip) // f) if n else 0))",
         replace="spans.append((skip, (n + skip) // f))",
         tests=_T,
@@ -25,6 +27,7 @@ MUTANTS = [
     dict(
         name="handler-groups-copy-every-tensor",
         file=_O + "planning.py",
+        where="Planner._copies",
         find="copies.append(Copy(self.groups[g], src, dst))",
         replace="copies.append(Copy(list(range(self.num_tensors)), src, dst))",
         tests=_T,
@@ -33,6 +36,7 @@ MUTANTS = [
     dict(
         name="handler-failure-reported-as-success",
         file=_O + "lanes.py",
+        where="Lanes._report",
         find="        ok = job.error is None\n",
         replace="        ok = True\n",
         tests=_T,
@@ -41,6 +45,7 @@ MUTANTS = [
     dict(
         name="handler-mirror-not-page-aligned",
         file=_O + "caches.py",
+        where="allocate_mirrors",
         find="    start = -allocation.data_ptr() % _PAGE\n    buffer = allocation[start:start + total]\n    registered = False\n",
         replace="    start = 64\n    buffer = allocation[start:start + total]\n    registered = False\n",
         tests=_T,
@@ -49,6 +54,7 @@ MUTANTS = [
     dict(
         name="handler-mirror-padding-64k",
         file=_O + "caches.py",
+        where="allocate_mirrors",
         find="        total += -(-rows * bb // _PAGE) * _PAGE\n",
         replace="        total += -(-rows * bb // _PAGE) * _PAGE + 65536\n",
         tests=_T,
@@ -57,6 +63,7 @@ MUTANTS = [
     dict(
         name="handler-transfer-time-zero",
         file=_O + "lanes.py",
+        where="Lanes._worker_loop",
         find="            job.seconds = time.perf_counter() - t0\n",
         replace="            job.seconds = 0.0\n",
         tests=_T,
@@ -65,6 +72,7 @@ MUTANTS = [
     dict(
         name="handler-get-finished-order-reversed",
         file=_O + "lanes.py",
+        where="Lanes.get_finished",
         find="                    results.append(self._report(fifo.popleft()))\n",
         replace="                    results.insert(0, self._report(fifo.popleft()))\n",
         tests=_T,
@@ -73,6 +81,7 @@ MUTANTS = [
     dict(
         name="handler-destination-repeat-check-dropped",
         file=_O + "planning.py",
+        where="check_distinct_destinations",
         find="        if (ordered[1:] == ordered[:-1]).any():\n",
         replace="        if False:\n",
         tests=_T,
@@ -81,6 +90,7 @@ MUTANTS = [
     dict(
         name="handler-expedited-shares-load-lane",
         file=_O + "offloader.py",
+        where="KVCacheOffloader.load",
         find='return self._submit(as_job_id(job_id), "expedited" if expedited else "load",',
         replace='return self._submit(as_job_id(job_id), "load",',
         tests=_T,
@@ -89,6 +99,7 @@ MUTANTS = [
     dict(
         name="handler-launch-under-table-lock",
         file=_O + "lanes.py",
+        where="Lanes._submit",
         find="                self._fifo[lane].append(job)\n            # Launched outside",
         replace="                self._fifo[lane].append(job)\n                if self._workers is not None:\n"
                 "                    self._queues[lane].put(job)\n                    return True\n            # Launched outside",
@@ -98,6 +109,7 @@ MUTANTS = [
     dict(
         name="handler-exit-leaves-jobs-in-flight",
         file=_O + "lanes.py",
+        where="Lanes._start_lanes",
         find="        _LIVE.add(self)  # shut down at interpreter exit",
         replace="        pass  # shut down at interpreter exit",
         tests=["tests/test_exit.py"],
@@ -107,6 +119,7 @@ MUTANTS = [
     dict(
         name="handler-group-caches-may-alias",
         file=_O + "offloader.py",
+        where="KVCacheOffloader._take_caches",
         find="        check_groups_do_not_alias(self.device_tensors, self.cache_names, self.groups)\n",
         replace="",
         tests=["tests/test_aliasing.py"],
@@ -116,6 +129,7 @@ MUTANTS = [
     dict(
         name="handler-interleaved-caches-seen-as-aliasing",
         file=_O + "caches.py",
+        where="check_groups_do_not_alias",
         find="                        continue  # interleaved: every block of one sits in the other's gaps",
         replace="                        pass",
         tests=["tests/test_aliasing.py"],
@@ -124,6 +138,7 @@ MUTANTS = [
     dict(
         name="handler-strict-loads-unchecked",
         file=_O + "lanes.py",
+        where="Lanes._submit",
         find="                if self._stored is not None:\n                    self._track_stored(job)\n",
         replace="",
         tests=_T,
@@ -132,6 +147,7 @@ MUTANTS = [
     dict(
         name="handler-strict-failed-store-counts-as-stored",
         file=_O + "lanes.py",
+        where="Lanes._report",
         find="                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = False",
         replace="                pass",
         tests=_T,
@@ -140,6 +156,7 @@ MUTANTS = [
     dict(
         name="handler-strict-wait-lenient",
         file=_O + "lanes.py",
+        where="Lanes.wait",
         find="        strict = self.strict if strict is None else strict",
         replace="        strict = bool(strict)",
         tests=_T,
@@ -148,6 +165,7 @@ MUTANTS = [
     dict(
         name="handler-job-id-unchecked",
         file=_O + "offloader.py",
+        where="KVCacheOffloader.store",
         find='return self._submit(as_job_id(job_id), "store",',
         replace='return self._submit(job_id, "store",',
         tests=_T,
@@ -156,6 +174,7 @@ MUTANTS = [
     dict(
         name="handler-job-ids-not-checked",
         file=_O + "lanes.py",
+        where="Lanes.wait",
         find="        wanted = as_job_ids(job_ids)",
         replace="        wanted = set(job_ids)",
         tests=_T,
@@ -164,6 +183,7 @@ MUTANTS = [
     dict(
         name="handler-cache-names-dropped",
         file=_O + "caches.py",
+        where="flatten_caches",
         find='            names.extend([f"{key} K", f"{key} V"] if stacked else [key])',
         replace='            names.extend([f"tensor {len(names)}", f"tensor {len(names) + 1}"] if stacked else [key])',
         tests=_T,
@@ -172,6 +192,7 @@ MUTANTS = [
     dict(
         name="handler-frees-memory-the-runtime-may-still-have-registered",
         file=_O + "caches.py",
+        where="allocate_mirrors",
         find='            if "may still be registered" in str(exc):\n',
         replace="            if False:\n",
         tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"

@@ -25,6 +25,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-host-wait-event-ignored",
         file=_BACKEND,
+        where="KVSwapCopyBackend.launch_copy",
         find="                if wait_event is not None:\n                    wait_event.synchronize()\n",
         replace="",
         tests=[_B + "test_a_store_waits_for_its_wait_event_before_it_copies"],
@@ -33,6 +34,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-stream-wait-event-ignored",
         file=_BACKEND,
+        where="KVSwapCopyBackend.launch_copy",
         find="                    if wait_event is not None:\n                        stream.wait_event(wait_event)\n",
         replace="",
         tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
@@ -41,6 +43,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-stream-event-not-listed",
         file=_BACKEND,
+        where="KVSwapCopyBackend.launch_copy",
         find="        events_list.append((event_idx, event))\n",
         replace="",
         tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
@@ -49,6 +52,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-failure-not-named",
         file=_BACKEND,
+        where="KVSwapCopyBackend.launch_copy",
         find="        except Exception as exc:\n",
         replace="        except ImportError as exc:\n",
         tests=[_B + "test_a_failed_copy_raises_from_launch_copy_naming_event_blocks_and_cause"],
@@ -57,6 +61,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-shutdown-does-not-wait",
         file=_BACKEND,
+        where="KVSwapCopyBackend.shutdown",
         find="        for stream in self._streams.values():\n            stream.synchronize()\n",
         replace="",
         tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
@@ -65,6 +70,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-shutdown-not-idempotent",
         file=_BACKEND,
+        where="KVSwapCopyBackend.shutdown",
         find="        if self._closed:\n            return\n        self._closed = True\n",
         replace="        self._closed = True\n",
         tests=[_B + "test_the_stream_path_waits_then_copies_then_records_inside_the_stream"],
@@ -73,6 +79,7 @@ MUTANTS = [
     dict(
         name="vllm-backend-launch-after-shutdown",
         file=_BACKEND,
+        where="KVSwapCopyBackend.launch_copy",
         find="        if not self._initialized or self._closed:",
         replace="        if not self._initialized:",
         tests=[_B + "test_shutdown_is_idempotent_and_refuses_later_launches"],
@@ -81,6 +88,7 @@ MUTANTS = [
     dict(
         name="vllm-regions-kv-halves-overlap",
         file="torch_kvswap/integrations/vllm/simple_offload.py",
+        where="kv_regions",
         find="int(kt.offset) + l * int(kt.layer_stride) + i * span)",
         replace="int(kt.offset) + l * int(kt.layer_stride) + i * stride)",
         tests=[_B + "test_a_layer_with_k_and_v_halves_outermost_gives_two_regions"],
@@ -89,6 +97,7 @@ MUTANTS = [
     dict(
         name="vllm-regions-overlays-twice",
         file="torch_kvswap/integrations/vllm/simple_offload.py",
+        where="kv_regions",
         find="            if region.data_ptr() in seen:\n                continue\n",
         replace="",
         tests=[_B + "test_layers_sharing_one_allocation_and_overlaid_groups_give_each_region_once"],
@@ -97,6 +106,7 @@ MUTANTS = [
     dict(
         name="vllm-regions-block-outermost-offset",
         file="torch_kvswap/integrations/vllm/simple_offload.py",
+        where="kv_regions",
         find="int(kt.offset) - int(kt.offset) % stride)]",
         replace="int(kt.offset))]",
         tests=[_B + "test_block_outermost_packing_gives_one_region_of_packed_blocks"],
@@ -105,6 +115,7 @@ MUTANTS = [
     dict(
         name="vllm-failed-job-reported-as-success",
         file=_SPEC,
+        where="KVSwapOffloadingWorker.get_finished",
         find="            if not r.success:\n",
         replace="            if False:\n",
         tests=[_I + "test_a_failed_store_raises_from_get_finished_naming_job_copy_and_cause"],
@@ -113,6 +124,7 @@ MUTANTS = [
     dict(
         name="vllm-canonical-layout-accepted",
         file=_OFF,
+        where="_refuse_unknown",
         find='    if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):\n',
         replace='    if extra.get("canonical_layout"):\n',
         tests=[_I + "test_the_spec_refuses_unsupported_configuration_when_built"],
@@ -121,6 +133,7 @@ MUTANTS = [
     dict(
         name="vllm-unknown-keys-accepted",
         file=_OFF,
+        where="_refuse_unknown",
         find="    if unknown:\n",
         replace="    if False:\n",
         tests=[_I + "test_the_spec_refuses_unsupported_configuration_when_built"],
@@ -129,6 +142,7 @@ MUTANTS = [
     dict(
         name="vllm-release-signature-not-its-own",
         file="torch_kvswap/integrations/vllm/compat.py",
+        where="_check_offloading",
         find="    allowed = ([submit_load_era(release[1])] if release and release[0] == 0\n",
         replace="    allowed = ([SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED] if release and release[0] == 0\n",
         tests=[_I + "test_a_supported_release_with_the_other_releases_signature_is_refused"],
@@ -137,6 +151,7 @@ MUTANTS = [
     dict(
         name="vllm-shared-region-mirrors-overlap",
         file=_LAYOUTS,
+        where="SharedRegionOffloader._allocate_mirrors",
         find="            off += rows * bb\n",
         replace="",
         tests=[_I + "test_offloaders_on_one_shared_region_see_each_others_bytes"],
@@ -145,6 +160,7 @@ MUTANTS = [
     dict(
         name="vllm-check-key-ignored",
         file="torch_kvswap/integrations/vllm/compat.py",
+        where="apply_check_option",
         find="    if value:\n        import torch_kvswap\n",
         replace="    if False:\n        import torch_kvswap\n",
         tests=["tests/test_checked.py::test_vllm_extra_config_key_turns_checked_mode_on"],
@@ -153,6 +169,7 @@ MUTANTS = [
     dict(
         name="vllm-release-range-not-enforced",
         file="torch_kvswap/integrations/vllm/compat.py",
+        where="inspect_vllm",
         find="    elif not low <= release <= high:\n",
         replace="    elif False:\n",
         tests=[_I + "test_a_release_outside_the_range_is_refused_naming_it_what_differs_and_the_range"],
@@ -161,6 +178,7 @@ MUTANTS = [
     dict(
         name="vllm-host-chunks-num-chunks-only",
         file=_OFF,
+        where="_host_chunks",
         find='    for name in ("num_chunks", "num_blocks"):\n',
         replace='    for name in ("num_chunks",):\n',
         tests=[_I + "test_the_spec_reads_its_releases_host_chunk_count"],
@@ -169,6 +187,7 @@ MUTANTS = [
     dict(
         name="vllm-capacity-error-names-extra-config",
         file=_SPEC,
+        where="KVSwapOffloadingSpec.__init__",
         find="capacity.\n        self._capacity_source = _capacity_source()\n",
         replace='capacity.\n        self._capacity_source = "cpu_bytes_to_use in kv_connector_extra_config"\n',
         tests=[_I + "test_a_capacity_too_small_names_what_sized_it"],
@@ -177,6 +196,7 @@ MUTANTS = [
     dict(
         name="vllm-simple-unknown-keys-accepted",
         file=_SIMPLE,
+        where="check_extra_config",
         find="    if unknown:\n",
         replace="    if False:\n",
         tests=[_I + "test_the_simple_connector_refuses_unknown_extra_config_keys"],
@@ -185,6 +205,7 @@ MUTANTS = [
     dict(
         name="vllm-simple-streams-default-priority",
         file=_SIMPLE,
+        where="copy_streams",
         find="    return (torch.Stream(device=device, priority=low), torch.Stream(device=device, priority=low))\n",
         replace="    return (torch.Stream(device=device), torch.Stream(device=device))\n",
         tests=[_I + "test_the_simple_workers_streams_are_made_at_the_lowest_priority"],
@@ -193,6 +214,7 @@ MUTANTS = [
     dict(
         name="vllm-regions-without-placements-misread",
         file=_SIMPLE,
+        where="kv_regions_from_strides",
         find="        seg = tensor.stride(outer[0]) * el\n",
         replace="        seg = page\n",
         tests=[_B + "test_without_placements_k_and_v_outermost_give_two_regions_read_from_the_strides"],
@@ -201,6 +223,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-directions-swapped",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.transfer_async",
         find="                if media == STORE:\n                    self.offloader.store(",
         replace="                if media == LOAD:\n                    self.offloader.store(",
         tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
@@ -209,6 +232,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-block-indices-ignored",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.transfer_async",
         find="            offsets = [int(b) % self.block_size_factor for b in device.block_indices]\n",
         replace="            offsets = None\n",
         tests=[_H + "test_a_load_may_start_mid_host_block_from_block_indices[standin]"],
@@ -217,6 +241,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-group-sizes-ignored",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.transfer_async",
         find="                    self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,\n"
              "                                         group_sizes=device.group_sizes)\n",
         replace="                    self.offloader.store(job_id, device.block_ids, host.block_ids,\n"
@@ -227,6 +252,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-failure-reported-as-success",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.get_finished",
         find="success=r.success,",
         replace="success=True,",
         tests=[_H + "test_a_failed_copy_is_reported_as_success_false_and_the_next_job_still_runs[standin]"],
@@ -235,6 +261,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-refused-job-keeps-its-media",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.transfer_async",
         find="            except BaseException:\n                del self._media[job_id]\n                raise\n",
         replace="            except BaseException:\n                raise\n",
         tests=[_H + "test_a_job_id_refused_once_can_be_submitted_again[standin]"],
@@ -243,6 +270,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-offloaders-media-reported",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.get_finished",
         find="                                                     transfer_type=media))",
         replace="                                                     transfer_type=r.transfer_type))",
         tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
@@ -251,6 +279,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-wait-strict-on-foreign-ids",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.wait",
         find="            self.offloader.wait(job_ids, strict=False)\n",
         replace="            self.offloader.wait(job_ids)\n",
         tests=[_H + "test_wait_ignores_the_ids_of_other_handlers_even_when_strict[standin]"],
@@ -259,6 +288,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-other-media-accepted",
         file=_HANDLER,
+        where="KVSwapOffloadingHandler.transfer_async",
         find="            elif media == LOAD:\n",
         replace="            elif True:\n",
         tests=[_H + "test_a_pair_of_media_the_handler_does_not_serve_is_refused[standin]"],
@@ -267,6 +297,7 @@ MUTANTS = [
     dict(
         name="vllm023-handler-range-unchecked",
         file=_COMPAT,
+        where="check_handler_vllm",
         find="    elif not HANDLER_RANGE[0] <= release <= HANDLER_RANGE[1]:\n",
         replace="    elif False:\n",
         tests=[_H + "test_a_release_without_the_handler_interface_is_refused_naming_it"],
@@ -276,6 +307,7 @@ MUTANTS = [
     dict(
         name="vllm-tiering-blocks-per-chunk-accepted",
         file=_TIERING,
+        where="KVSwapTieringOffloadingSpec.__init__",
         find="        if self.blocks_per_chunk != 1:\n",
         replace="        if False:\n",
         tests=[_I + "test_the_tiering_spec_refuses_unsupported_configuration_when_built"],
@@ -284,6 +316,7 @@ MUTANTS = [
     dict(
         name="vllm-tiering-checked-mode-accepted",
         file=_TIERING,
+        where="KVSwapTieringOffloadingSpec.__init__",
         find="        if CHECK_KEY in extra:\n",
         replace="        if False:\n",
         tests=[_I + "test_the_tiering_spec_refuses_unsupported_configuration_when_built"],
@@ -292,6 +325,7 @@ MUTANTS = [
     dict(
         name="vllm-tiering-mirror-offsets-by-width",
         file=_LAYOUTS,
+        where="ChunkMajorOffloader._allocate_mirrors",
         find="            view = region.create_next_worker_view(page)\n",
         replace="            view = region.create_next_worker_view(t.shape[1])\n",
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot"],
@@ -301,6 +335,7 @@ MUTANTS = [
     dict(
         name="vllm-tiering-region-slot-zero",
         file=_OFF,
+        where="_tiering_region",
         find='0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)\n',
         replace="0\n",
         tests=[_I + "test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does"],
