@@ -28,7 +28,7 @@ import torch
 
 from torch_kvswap.offloader import lanes as offloader_module
 from torch_kvswap.integrations import vllm as plugin
-from torch_kvswap.integrations.vllm import compat, offloading_handler
+from torch_kvswap.integrations.vllm import compat
 from vllm_helpers import forget_plugin_classes
 
 GPU_BLOCK, CPU_BLOCK, FACTOR = 16, 32, 2
@@ -146,7 +146,7 @@ def install_standin(monkeypatch, version: str = "0.23.0", handler_interface: boo
     module("vllm.v1.kv_offload", **pkg)
     module("vllm.v1")
     module("vllm", __version__=version)
-    monkeypatch.setattr(offloading_handler, "_classes", {})
+    forget_plugin_classes(monkeypatch)
     return SimpleNamespace(OffloadingWorker=OffloadingWorker, TransferResult=TransferResult,
                            GPU=GPULoadStoreSpec, CPU=CPULoadStoreSpec, BlockIDs=BlockIDsLoadStoreSpec)
 
@@ -157,7 +157,7 @@ def v(request, monkeypatch) -> SimpleNamespace:
     ``CPU`` specs) plus ``Handler``, the plug-in's handler class built on them."""
     if request.param == "vllm":
         ns = real_vllm()
-        monkeypatch.setattr(offloading_handler, "_classes", {})
+        forget_plugin_classes(monkeypatch)
     else:
         ns = install_standin(monkeypatch)
     ns.Handler = plugin.KVSwapOffloadingHandler

@@ -12,7 +12,7 @@ from pathlib import Path
 #: The plug-in's modules whose classes subclass vLLM's: each imports vLLM
 #: (and checks its interface) when it is first imported.
 PLUGIN_CLASS_MODULES = tuple(f"torch_kvswap.integrations.vllm.{name}"
-                             for name in ("offloading_spec", "tiering_spec", "simple_connector"))
+                             for name in ("offloading_spec", "tiering_spec", "simple_connector", "handler_class"))
 
 
 def forget_plugin_classes(monkeypatch) -> None:

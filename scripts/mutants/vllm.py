@@ -12,7 +12,7 @@ _SPEC = "torch_kvswap/integrations/vllm/offloading_spec.py"
 _TIERING = "torch_kvswap/integrations/vllm/tiering_spec.py"
 _LAYOUTS = "torch_kvswap/integrations/vllm/host_layouts.py"
 _SIMPLE = "torch_kvswap/integrations/vllm/simple_offload.py"
-_HANDLER = "torch_kvswap/integrations/vllm/offloading_handler.py"
+_HANDLER = "torch_kvswap/integrations/vllm/handler_class.py"
 _COMPAT = "torch_kvswap/integrations/vllm/compat.py"
 # One test each (node ids): the CI's --fast pass runs every mutant.
 _B = "tests/test_vllm_copy_backend.py::"

@@ -8,8 +8,9 @@
 * ``simple_connector``: ``KVSwapSimpleCPUOffloadConnector``, vLLM's
   ``SimpleCPUOffloadConnector`` with ``KVSwapCopyBackend`` as its copy backend
   (``kv_connector_module_path``); ``simple_offload`` holds its vLLM-free parts.
-* ``offloading_handler``: ``KVSwapOffloadingHandler`` for vLLM 0.23's
-  ``OffloadingHandler`` interface (``OffloadingWorker.register_handler``).
+* ``handler_class``: ``KVSwapOffloadingHandler`` for vLLM 0.23's
+  ``OffloadingHandler`` interface (``OffloadingWorker.register_handler``);
+  ``offloading_handler`` holds its vLLM-free parts.
 * ``copy_backend``: ``KVSwapCopyBackend`` itself, a drop-in for vLLM's
   ``DmaCopyBackend`` and vllm-ascend's ``NPUDmaCopyBackend``; needs no vLLM.
 * ``compat``: the supported vLLM releases and the interface check both
