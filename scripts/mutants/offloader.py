@@ -45,9 +45,9 @@ MUTANTS = [
     dict(
         name="handler-mirror-not-page-aligned",
         file=_O + "caches.py",
-        where="allocate_mirrors",
-        find="    start = -allocation.data_ptr() % _PAGE\n    buffer = allocation[start:start + total]\n    registered = False\n",
-        replace="    start = 64\n    buffer = allocation[start:start + total]\n    registered = False\n",
+        where="pinned_host_buffer",
+        find="    start = -allocation.data_ptr() % _PAGE\n    buffer = allocation[start:start + nbytes]\n    registered = False\n",
+        replace="    start = 64\n    buffer = allocation[start:start + nbytes]\n    registered = False\n",
         tests=_T,
         why="in-place registration needs the mirror buffer to start on a page boundary",
     ),
@@ -192,12 +192,23 @@ MUTANTS = [
     dict(
         name="handler-frees-memory-the-runtime-may-still-have-registered",
         file=_O + "caches.py",
-        where="allocate_mirrors",
+        where="pinned_host_buffer",
         find='            if "may still be registered" in str(exc):\n',
         replace="            if False:\n",
         tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
                "test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed]"],
         why="issue 25: the fallback to the pinned allocator dropped a buffer whose registration "
             "could not be undone; the allocator would hand registered pages out again",
+    ),
+    dict(
+        name="simple-mirrors-free-memory-the-runtime-may-still-have-registered",
+        file=_O + "caches.py",
+        where="pinned_host_buffer",
+        find='            if "may still be registered" in str(exc):\n',
+        replace="            if False:\n",
+        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
+               "test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_undone]"],
+        why="the simple connector's host mirrors had their own allocator without this guard: "
+            "a registration that could not be undone went back to the allocator",
     ),
 ]

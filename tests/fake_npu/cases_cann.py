@@ -460,6 +460,29 @@ def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(
         fake.fail("aclrtHostUnregister", 0)
 
 
+def test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_undone(fake):
+    """The same rule for the simple connector's host mirrors, which take their
+    buffer from the offloader's allocator of pinned host memory."""
+    from torch_kvswap.integrations.vllm.simple_offload import _host_mirrors
+    from torch_kvswap.offloader import caches as offloader_caches
+
+    fake.fail("aclrtPointerGetAttributes", RT_PARAM_INVALID)
+    fake.fail("aclrtHostUnregister", RT_PARAM_INVALID)
+    kept = len(offloader_caches._STILL_REGISTERED)
+    try:
+        regions = {"l0": torch.zeros(4, 3000, dtype=torch.int8), "l1": torch.zeros(4, 100, dtype=torch.int8)}
+        buffer, mirrors, registered = _host_mirrors(regions, 4, torch.device(NPU))
+        assert not registered and fake.kind(buffer.data_ptr()) == "pinned"  # the pinned allocator's
+        assert len(offloader_caches._STILL_REGISTERED) == kept + 1
+        first_page = offloader_caches._STILL_REGISTERED[-1].data_ptr() + 4095 & ~4095
+        assert fake.kind(first_page) == "pinned"  # still registered with the fake CANN
+        assert [m.shape for m in mirrors.values()] == [(4, 3000), (4, 100)]
+        assert all(m.data_ptr() % 4096 == 0 and not m.any() for m in mirrors.values())
+    finally:
+        fake.fail("aclrtPointerGetAttributes", 0)
+        fake.fail("aclrtHostUnregister", 0)
+
+
 def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_nothing(fake):
     from torch_kvswap import KVCacheOffloader
     from torch_kvswap.offloader import caches as offloader_caches

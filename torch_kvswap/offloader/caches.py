@@ -15,7 +15,7 @@ logger = logging.getLogger("torch_kvswap")
 _PAGE = 4096  # host mirrors start on page boundaries and never share a page
 # Host buffers the runtime may still count as registered, kept for the life of
 # the process: an unregistration failed at shutdown, or a registration that
-# could not be confirmed could not be undone either (allocate_mirrors).
+# could not be confirmed could not be undone either (pinned_host_buffer).
 _STILL_REGISTERED: list[torch.Tensor] = []
 
 
@@ -115,22 +115,20 @@ def check_groups_do_not_alias(tensors: list[torch.Tensor], names: list[str],
 
 
 
-def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: int,
-                     device: torch.device, pin: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], bool]:
-    """Zeroed host mirrors of ``rows`` blocks of each of ``tensors``, in one
-    allocation: ``(allocation, page-aligned buffer, mirrors, registered)``;
-    ``registered``: pinned in place (else pinned by the allocator, if ``pin``)."""
-    offsets, total = [], 0
-    for bb in block_bytes:
-        offsets.append(total)
-        total += -(-rows * bb // _PAGE) * _PAGE
+def pinned_host_buffer(nbytes: int, device: torch.device, pin: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """A page-aligned host buffer of ``nbytes`` (uninitialised):
+    ``(allocation, buffer, registered)``. With ``pin`` it is pinned in place
+    (``registered``), else, where the runtime refuses that, taken from the
+    pinned allocator, which rounds up to a power of two. An allocation whose
+    registration could be neither confirmed nor undone is kept in
+    ``_STILL_REGISTERED``, never freed."""
     # Slack of one page, then a page-aligned view: the buffer's first and
-    # last pages belong to this offloader alone (in-place registration
-    # pins whole pages).
-    allocation = torch.empty(total + _PAGE, dtype=torch.uint8)
+    # last pages belong to its owner alone (in-place registration pins
+    # whole pages).
+    allocation = torch.empty(nbytes + _PAGE, dtype=torch.uint8)
     start = -allocation.data_ptr() % _PAGE
-    buffer = allocation[start:start + total]
+    buffer = allocation[start:start + nbytes]
     registered = False
     if pin:
         try:
@@ -138,14 +136,29 @@ def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: 
             registered = True
         except (NotImplementedError, RuntimeError) as exc:
             logger.warning("kvswap: cannot pin %d host bytes in place (%s); using the pinned "
-                           "allocator, which rounds up to a power of two", total, exc)
+                           "allocator, which rounds up to a power of two", nbytes, exc)
             if "may still be registered" in str(exc):
                 # The engine could not undo a registration: freeing the
                 # memory would hand registered pages back to the allocator.
                 _STILL_REGISTERED.append(allocation)
-            allocation = torch.empty(total + _PAGE, dtype=torch.uint8, pin_memory=True)
+            allocation = torch.empty(nbytes + _PAGE, dtype=torch.uint8, pin_memory=True)
             start = -allocation.data_ptr() % _PAGE
-            buffer = allocation[start:start + total]
+            buffer = allocation[start:start + nbytes]
+    return allocation, buffer, registered
+
+
+def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: int,
+                     device: torch.device, pin: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], bool]:
+    """Zeroed host mirrors of ``rows`` blocks of each of ``tensors``, in one
+    allocation (:func:`pinned_host_buffer`), each on a page boundary:
+    ``(allocation, page-aligned buffer, mirrors, registered)``;
+    ``registered``: pinned in place (else pinned by the allocator, if ``pin``)."""
+    offsets, total = [], 0
+    for bb in block_bytes:
+        offsets.append(total)
+        total += -(-rows * bb // _PAGE) * _PAGE
+    allocation, buffer, registered = pinned_host_buffer(total, device, pin)
     mirrors = []
     for t, off, bb in zip(tensors, offsets, block_bytes):
         view = buffer[off:off + rows * bb].view(t.dtype).view(rows, *t.shape[1:])
@@ -155,7 +168,9 @@ def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: 
 
 
 def unregister_mirrors(buffer: torch.Tensor, allocation: torch.Tensor, device: torch.device) -> None:
-    """Undoes an in-place registration of ``buffer`` (part of ``allocation``)."""
+    """Undoes an in-place registration of ``buffer`` (part of ``allocation``);
+    where the runtime refuses, logs it and keeps ``allocation`` for the life
+    of the process."""
     try:
         torch.ops.kvswap._host_register(buffer, device, False)
     except (NotImplementedError, RuntimeError) as exc:

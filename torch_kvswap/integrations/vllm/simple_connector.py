@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...offloader.caches import unregister_mirrors
 from .compat import SIMPLE_DEFERRED, SIMPLE_STEP, apply_check_option, inspect_vllm
 from .copy_backend import KVSwapCopyBackend
 from .simple_offload import _host_mirrors, check_extra_config, copy_streams, kv_regions
@@ -130,8 +131,9 @@ class KVSwapSimpleCPUOffloadWorker(_LAUNCH[_ERA], _worker_module.SimpleCPUOffloa
         if self._backend is not None:
             self._backend.shutdown()
         if self._registered:
-            torch.ops.kvswap._host_register(self._host_buffer, self.device, False)
             self._registered = False
+            # A refusal is logged and the buffer kept for the life of the process.
+            unregister_mirrors(self._host_buffer, self._host_buffer, self.device)
         self._host_buffer = None
 
 

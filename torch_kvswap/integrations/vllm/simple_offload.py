@@ -31,18 +31,15 @@ for one.
 from __future__ import annotations
 
 import importlib
-import logging
 from typing import Any
 
 import torch
 
+from ...offloader.caches import _PAGE, pinned_host_buffer
 from .compat import CHECK_KEY
-
-logger = logging.getLogger("torch_kvswap")
 
 __all__ = ["build", "kv_regions", "SUPPORTED_EXTRA_CONFIG", "check_extra_config", "copy_streams"]
 
-_PAGE = 4096
 
 #: ``kv_connector_extra_config`` keys the simple connector accepts: those
 #: vLLM's SimpleCPUOffloadConnector reads for host memory (0.33's
@@ -176,22 +173,12 @@ def _host_mirrors(regions: dict[str, torch.Tensor], num_blocks: int,
                   device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
     """One page-aligned host buffer holding a ``[num_blocks, block_bytes]``
     mirror of each region, each mirror on a page boundary; on an accelerator
-    pinned in place at its exact size (the pinned allocator rounds up to a
-    power of two). Returns (buffer, mirrors, registered)."""
+    pinned in place at its exact size (the offloader's
+    :func:`~torch_kvswap.offloader.caches.pinned_host_buffer`). Returns
+    (buffer, mirrors, registered)."""
     sizes = [-(-num_blocks * r.shape[1] // _PAGE) * _PAGE for r in regions.values()]
-    total = sum(sizes)
-    allocation = torch.zeros(total + _PAGE, dtype=torch.int8)
-    buffer = allocation[-allocation.data_ptr() % _PAGE:][:total]
-    registered = False
-    if device.type != "cpu":
-        try:
-            torch.ops.kvswap._host_register(buffer, device, True)
-            registered = True
-        except (NotImplementedError, RuntimeError) as exc:
-            logger.warning("kvswap: cannot pin %d host bytes in place (%s); using the pinned "
-                           "allocator", total, exc)
-            allocation = torch.zeros(total + _PAGE, dtype=torch.int8, pin_memory=True)
-            buffer = allocation[-allocation.data_ptr() % _PAGE:][:total]
+    _, buffer, registered = pinned_host_buffer(sum(sizes), device, pin=device.type != "cpu")
+    buffer = buffer.view(torch.int8).zero_()  # the buffer's base keeps the whole allocation
     mirrors, offset = {}, 0
     for (name, region), size in zip(regions.items(), sizes):
         mirrors[name] = buffer[offset:offset + num_blocks * region.shape[1]].view(num_blocks, -1)
