@@ -28,6 +28,8 @@ import inspect
 import logging
 from typing import Any
 
+from ..._build_shared import release
+
 logger = logging.getLogger("torch_kvswap")
 
 __all__ = ["SUPPORTED_RANGE", "TESTED_VLLM", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm",
@@ -115,12 +117,10 @@ def _params(fn: Any) -> list[str] | None:
     return list(inspect.signature(fn).parameters)[1:] if fn is not None else None
 
 
-def _release(version: str) -> tuple[int, int] | None:
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x")
-    except (IndexError, ValueError):
-        return None
+def _major_minor(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a vLLM version string; None when it is not a release number."""
+    numbers = release(version)
+    return (numbers[0], numbers[1]) if len(numbers) >= 2 else None
 
 
 def _launches(fn: Any) -> bool | None:
@@ -169,7 +169,7 @@ def inspect_vllm(path: str = "offloading") -> tuple[Any, str]:
         raise ImportError(f"torch_kvswap.integrations.vllm needs vLLM's {what}, vLLM {_supported()}); "
                           f"importing it failed: {exc}") from exc
     version = str(getattr(vllm, "__version__", "unknown"))
-    release = _release(version)
+    release = _major_minor(version)
     if path == "offloading":
         problems, era = _check_offloading(base, cpu_spec, release)
         found = base
@@ -278,7 +278,7 @@ def check_handler_vllm() -> Any:
             problems.append("GPULoadStoreSpec does not take (block_ids, group_sizes, block_indices)")
         if not hasattr(common, "CPULoadStoreSpec"):
             problems.append("vllm.v1.kv_offload.cpu.common.CPULoadStoreSpec is missing")
-    release = _release(version)
+    release = _major_minor(version)
     if release is None:
         problems.insert(0, f"its version {version!r} is not a release number")
     elif not HANDLER_RANGE[0] <= release <= HANDLER_RANGE[1]:
