@@ -2,7 +2,7 @@
 
 _O = "torch_kvswap/offloader/"
 
-_T = ["tests/test_handler.py"]
+_T = ["tests/test_offloader.py"]
 
 MUTANTS = [
     dict(

@@ -21,7 +21,7 @@ consecutive device-block-sized *sub-blocks*. A job may start at any sub-block
 of its first host block (``offsets``) and end at any sub-block of its last
 one, in both directions; see :meth:`KVCacheOffloader.store`.
 
-Ordering (see docs/handler.md; the lanes are in lanes.py, the planning in
+Ordering (see docs/offloader.md; the lanes are in lanes.py, the planning in
 planning.py, the host mirrors in caches.py):
 
 * One lane per kind of job: stores, loads and expedited loads, each with its
