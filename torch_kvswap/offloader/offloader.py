@@ -112,8 +112,7 @@ class KVCacheOffloader(Lanes):
         self._take_caches(device_caches, kv_stacked, groups)
         self.num_host_blocks = self._count_host_blocks(num_host_blocks, host_bytes)
         self._planner = Planner(self.factor, self.groups, self.num_device_blocks,
-                                self.num_host_blocks, self.group_block_bytes,
-                                len(self.device_tensors))
+                                self.num_host_blocks, self.group_block_bytes)
         on_accelerator = self.device.type != "cpu"
         if pin_memory and not on_accelerator:
             raise ValueError("pin_memory=True needs caches on an accelerator; these are on cpu, "

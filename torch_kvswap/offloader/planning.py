@@ -64,10 +64,10 @@ class Planner:
     """Plans the jobs of one offloader: its factor, groups and block counts."""
 
     def __init__(self, factor: int, groups: list[list[int]], num_device_blocks: int,
-                 num_host_blocks: int, group_block_bytes: list[int], num_tensors: int) -> None:
+                 num_host_blocks: int, group_block_bytes: list[int]) -> None:
         self.factor, self.groups = factor, groups
         self.num_device_blocks, self.num_host_blocks = num_device_blocks, num_host_blocks
-        self.group_block_bytes, self.num_tensors = group_block_bytes, num_tensors
+        self.group_block_bytes = group_block_bytes
 
     def plan(self, is_store: bool, device: np.ndarray, host: np.ndarray,
              offsets: int | Sequence[int] | None,
@@ -152,6 +152,7 @@ class Planner:
                 num_bytes += n * self.group_block_bytes[g]
             d0, s0 = d0 + n, s0 + n_host * f
         return copies, num_bytes
+
 
 def check_distinct_destinations(copies: list[Copy]) -> None:
     """No destination block of any tensor is written twice by one job."""
