@@ -167,16 +167,16 @@ def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: 
     return allocation, buffer, mirrors, registered
 
 
-def unregister_mirrors(buffer: torch.Tensor, allocation: torch.Tensor, device: torch.device) -> None:
-    """Undoes an in-place registration of ``buffer`` (part of ``allocation``);
-    where the runtime refuses, logs it and keeps ``allocation`` for the life
-    of the process."""
+def unregister_mirrors(buffer: torch.Tensor, device: torch.device) -> None:
+    """Undoes an in-place registration of ``buffer``; where the runtime
+    refuses, logs it and keeps ``buffer`` (a view, so its whole allocation)
+    for the life of the process."""
     try:
         torch.ops.kvswap._host_register(buffer, device, False)
     except (NotImplementedError, RuntimeError) as exc:
         # The runtime still counts the range as registered: keep its
         # memory for the life of the process rather than hand it back
         # to the allocator, and release everything else.
-        _STILL_REGISTERED.append(allocation)
+        _STILL_REGISTERED.append(buffer)
         logger.error("kvswap: unregistering %d host bytes at shutdown failed (%s); the "
                      "buffer is kept for the life of the process", buffer.numel(), exc)

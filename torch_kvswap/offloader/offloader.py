@@ -172,7 +172,7 @@ class KVCacheOffloader(Lanes):
     def _release_mirrors(self) -> None:
         if self._registered:
             self._registered = False
-            unregister_mirrors(self._buffer, self._allocation, self.device)
+            unregister_mirrors(self._buffer, self.device)
         self.host_tensors = []
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._allocation = self._buffer

@@ -133,7 +133,7 @@ class KVSwapSimpleCPUOffloadWorker(_LAUNCH[_ERA], _worker_module.SimpleCPUOffloa
         if self._registered:
             self._registered = False
             # A refusal is logged and the buffer kept for the life of the process.
-            unregister_mirrors(self._host_buffer, self._host_buffer, self.device)
+            unregister_mirrors(self._host_buffer, self.device)
         self._host_buffer = None
 
 
