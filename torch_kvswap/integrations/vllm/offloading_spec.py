@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from .compat import apply_check_option, check_vllm
-from .host_layouts import ChunkMajorOffloader, SharedRegionOffloader
-from .offloading import (SUPPORTED_EXTRA_CONFIG, TransferFailed, _cache_views, _capacity_source, _host_chunks,
-                         _ids, _refuse_unknown, _shared_region)
+from .host_layouts import ChunkMajorOffloader, SharedRegionOffloader, region_base
+from .offloading import (SUPPORTED_EXTRA_CONFIG, TransferFailed, _blocks_per_chunk, _cache_views, _capacity_source,
+                         _host_chunks, _ids, _refuse_unknown, _shared_region, extra_config_of)
 
 _offload_base = check_vllm("offloading")  # vllm.v1.kv_offload.base
 
@@ -84,7 +84,7 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
         else:
             self.offloader = SharedRegionOffloader(
                 tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
-                host_buffer=shared_region.base_tensor)
+                host_buffer=region_base(shared_region))
         #: vLLM's SharedOffloadRegion (replicated layout, or tiering), else None
         self.shared_region = shared_region
         self.blocks_per_chunk = blocks_per_chunk
@@ -159,11 +159,13 @@ class KVSwapOffloadingSpec(CPUOffloadingSpec):
     share of ``cpu_bytes_to_use``, again as many chunks as vLLM's.
     """
 
-    def __init__(self, config: Any) -> None:
-        extra = dict(getattr(config, "extra_config", None) or {})
+    def __init__(self, config: Any, *kv_cache_config: Any) -> None:
+        # vLLM 0.26 on builds the spec from one OffloadingConfig; 0.25 from
+        # (vllm_config, kv_cache_config).
+        extra = extra_config_of(config)
         _refuse_unknown("KVSwapOffloadingSpec", config, extra, SUPPORTED_EXTRA_CONFIG)
         apply_check_option(extra)
-        super().__init__(config)
+        super().__init__(config, *kv_cache_config)
         # Read while the engine's config is current (the spec is built in
         # the worker's connector), for the error of a too small capacity.
         self._capacity_source = _capacity_source()
@@ -174,7 +176,7 @@ class KVSwapOffloadingSpec(CPUOffloadingSpec):
             region = (_shared_region(self) if getattr(self, "replicated_layout", False)
                       and chunks > 0 else None)
             try:
-                self._worker = KVSwapOffloadingWorker(kv_caches, self.blocks_per_chunk,
+                self._worker = KVSwapOffloadingWorker(kv_caches, _blocks_per_chunk(self),
                                                       chunks, region, self._capacity_source)
             except Exception:
                 if region is not None:
