@@ -16,6 +16,8 @@ Skipped where vLLM is not importable (unless ``KVSWAP_REQUIRE_VLLM=1``).
 
 from __future__ import annotations
 
+import ast
+import functools
 import glob
 import inspect
 import os
@@ -85,17 +87,29 @@ def store_then_load(worker, caches, bpc: int, chunks: list[int], src: list[int],
     return snapshot, [c[dst].clone() for c in caches]
 
 
+@functools.cache
+def model_config():
+    """vllm_helpers' model config (vllm_config's), made once: vLLM inspects
+    the model in a subprocess each time."""
+    from vllm.config import ModelConfig
+    from vllm_helpers import MODEL
+    return ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024)
+
+
 def build_spec(spec_cls, extra: dict):
     """`spec_cls` built as the release's OffloadingConnector builds its spec
     for the 4-layer test model (vllm_helpers), `extra` as
     kv_connector_extra_config: from the release's own OffloadingConfig
     (0.26 on), or from the engine's configs (0.25)."""
+    from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec
-    from vllm_helpers import offloading_config, per_layer_kv_cache_config, vllm_config
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float16)
-    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both",
-                         kv_connector_extra_config={"spec_module_path": "torch_kvswap.integrations.vllm",
-                                                    **extra})
+    from vllm_helpers import BLOCK_TOKENS, offloading_config, per_layer_kv_cache_config
+    spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
+    config = VllmConfig(model_config=model_config(), cache_config=CacheConfig(block_size=BLOCK_TOKENS),
+                        kv_transfer_config=KVTransferConfig(
+                            kv_connector="OffloadingConnector", kv_role="kv_both",
+                            kv_connector_extra_config={"spec_module_path": "torch_kvswap.integrations.vllm",
+                                                       **extra}))
     kv_cache_config = per_layer_kv_cache_config(spec, NUM_BLOCKS)
     if RELEASE < (0, 26):
         return spec_cls(config, kv_cache_config)
@@ -192,19 +206,58 @@ def test_the_tiering_spec_stores_into_the_rows_the_releases_tiers_read_and_loads
     assert shm_files() <= before
 
 
+def real_region(slot: int = 2 * PAGE):
+    """The release's SharedOffloadRegion of 4 chunks, rank 0's map of a new
+    engine's file (this map creates it)."""
+    accepted = inspect.signature(SharedOffloadRegion).parameters
+    count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
+    row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
+    return SharedOffloadRegion(engine_id=f"kvswap-conformance-{uuid.uuid4().hex[:8]}", rank=0,
+                               cpu_page_size=slot, **{row: slot, count: 4})
+
+
 @tiering_releases
-def test_the_worker_over_the_releases_region_leaves_no_shm_file_when_it_created_it():
+def test_the_worker_releases_the_shm_file_its_map_created_at_shutdown():
     before = shm_files()
-    engine = f"kvswap-conformance-{uuid.uuid4().hex[:8]}"
-    counts = {"num_chunks" if "num_chunks" in inspect.signature(SharedOffloadRegion).parameters
-              else "num_blocks": 4}
-    row = ("kv_bytes_per_chunk" if "kv_bytes_per_chunk" in inspect.signature(SharedOffloadRegion).parameters
-           else "kv_bytes_per_block")
-    region = SharedOffloadRegion(engine_id=engine, rank=0, cpu_page_size=2 * PAGE, **{row: 2 * PAGE}, **counts)
+    region = real_region()
     assert len(shm_files() - before) == 1  # the worker's map created the file
     caches, kv = real_caches()
     worker = plugin.KVSwapOffloadingWorker(kv, 1, 4, tiering_region=region, slot_bytes=2 * PAGE)
     worker.shutdown()
+    assert shm_files() <= before
+
+
+@tiering_releases
+def test_a_worker_that_fails_while_it_is_built_releases_the_shm_file():
+    before = shm_files()
+    spec = tiering_spec()
+    spec.cpu_page_size_per_worker = spec.kv_bytes_per_chunk = PAGE  # a slot too small for two pages
+    caches, kv = real_caches()
+    with pytest.raises(ValueError, match=r"slot of the shared host region has 4096 bytes per chunk"):
+        spec.get_worker(kv)
+    assert shm_files() <= before
+
+
+CHILD = """
+import sys
+sys.path[:0] = {path!r}
+import test_vllm_conformance as t
+caches, kv = t.real_caches()
+worker = t.plugin.KVSwapOffloadingWorker(kv, 1, 4, tiering_region=t.real_region(), slot_bytes=2 * t.PAGE)
+print("shm files:", sorted(t.shm_files()))
+"""
+
+
+@tiering_releases
+def test_a_process_that_exits_without_shutdown_releases_the_shm_file_its_worker_created():
+    import subprocess
+    import sys
+    before = shm_files()
+    child = subprocess.run([sys.executable, "-c", CHILD.format(path=[os.path.dirname(__file__)])],
+                           capture_output=True, text=True, timeout=240)
+    assert child.returncode == 0, child.stderr[-2000:]
+    listed = next(line for line in child.stdout.splitlines() if line.startswith("shm files: "))
+    assert len(set(ast.literal_eval(listed.removeprefix("shm files: "))) - before) == 1  # it had made one
     assert shm_files() <= before
 
 

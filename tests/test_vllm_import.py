@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import subprocess
 import sys
@@ -441,6 +442,19 @@ def test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does(monkeypat
                                                      r"vLLM 0\.26 on\); vLLM 0\.33\.0 here has no "
                                                      r"config\.parallel$"):
         offloading._tiering_region(spec)
+
+
+def test_a_worker_dropped_without_shutdown_releases_its_region(monkeypatch):
+    # As at the exit of a process that never called shutdown (a weakref.finalize runs at both).
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    worker_cls = offloading.build()["KVSwapOffloadingWorker"]
+    caches, kv = standin_caches()
+    region = StandinRegion(chunks=4, ranks=1, slot=2048, rank=0)
+    worker = worker_cls(kv, 1, 4, tiering_region=region, slot_bytes=2048)
+    assert not region.cleaned
+    del worker
+    gc.collect()
+    assert region.cleaned
 
 
 @pytest.mark.parametrize("era", REGION_ERAS)

@@ -368,4 +368,41 @@ MUTANTS = [
         why="a region the tiering spec cannot use must be refused at class lookup, not crash while "
             "the engine is built",
     ),
+    dict(
+        name="vllm-region-kept-at-exit",
+        file=_SPEC,
+        where="KVSwapOffloadingWorker.__init__",
+        find="weakref.finalize(self, shared_region.cleanup)",
+        replace="weakref.finalize(self, type)",
+        tests=[_I + "test_a_worker_dropped_without_shutdown_releases_its_region"],
+        why="a process that exits without shutdown (SIGTERM to vLLM's server) must not leave the worker's "
+            "/dev/shm file behind",
+    ),
+    dict(
+        name="vllm-spec-025-constructor-refused",
+        file=_COMPAT,
+        where="spec_init_era",
+        find="return SPEC_INIT_CONFIG if minor >= 26 else SPEC_INIT_LEGACY",
+        replace="return SPEC_INIT_CONFIG",
+        tests=[_I + "test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor"],
+        why="vLLM 0.25 builds its spec from (vllm_config, kv_cache_config): refusing it reopens the 0.25 hole",
+    ),
+    dict(
+        name="vllm-spec-025-chunk-size-misread",
+        file=_OFF,
+        where="_blocks_per_chunk",
+        find='for name in ("blocks_per_chunk", "block_size_factor"):',
+        replace='for name in ("blocks_per_chunk",):',
+        tests=[_I + "test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor"],
+        why="vLLM 0.25 names the device blocks per host chunk block_size_factor",
+    ),
+    dict(
+        name="vllm-envreport-range-not-compats",
+        file="torch_kvswap/envreport.py",
+        where="vllm_rows",
+        find='f"not installed (the plug-ins need vLLM {supported_ranges()})"',
+        replace='"not installed (the plug-ins need vLLM 0.32 or 0.33)"',
+        tests=["tests/test_vllm_ranges.py::test_the_environment_report_without_vllm_names_compats_ranges"],
+        why="python -m torch_kvswap must show compat's ranges, not its own",
+    ),
 ]

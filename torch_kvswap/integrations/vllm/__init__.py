@@ -21,9 +21,9 @@ here (``import torch_kvswap.integrations.vllm`` never imports it): the
 modules that define those classes import vLLM, and this package imports them
 from ``__getattr__``, so the classes stay reachable as
 ``torch_kvswap.integrations.vllm.<name>``; the
-interface is checked then, and a vLLM outside 0.27 to 0.33 or without its
-release's interface is refused (``UnsupportedVLLM``); the handler takes
-0.23 to 0.24 instead (the releases with that interface); see docs/vllm.md.
+interface is checked then, and a vLLM outside the plug-in's range
+(``compat.PLUGIN_RANGES``) or without its release's interface is refused
+(``UnsupportedVLLM``); see docs/vllm.md.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ release differences the classes read.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .compat import apply_check_option, check_vllm
@@ -87,6 +88,10 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
                 host_buffer=region_base(shared_region))
         #: vLLM's SharedOffloadRegion (replicated layout, or tiering), else None
         self.shared_region = shared_region
+        # The region's map (and its /dev/shm file, where this map created it)
+        # is released at shutdown, or when the process exits without one.
+        self._release_region = (weakref.finalize(self, shared_region.cleanup) if shared_region is not None
+                                else None)
         self.blocks_per_chunk = blocks_per_chunk
         # job id -> (kind, device spec, host spec) until reported, to name a failed copy
         self._jobs: dict[int, tuple[str, Any, Any]] = {}
@@ -136,8 +141,8 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
 
     def shutdown(self) -> None:
         self.offloader.shutdown()
-        if self.shared_region is not None:
-            self.shared_region.cleanup()
+        if self._release_region is not None:
+            self._release_region()
             self.shared_region = None
 
 
