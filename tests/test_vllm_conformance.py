@@ -47,6 +47,9 @@ if RELEASE >= compat.SUPPORTED_RANGE[0]:
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 #: Tests of the spec's releases; before them vLLM has the handler interface.
 spec_releases = pytest.mark.skipif(RELEASE < compat.SUPPORTED_RANGE[0], reason="the handler's release")
+#: Tests of the tiering spec's releases (and of the shared region it maps).
+TIERING_FROM = compat.TIERING_FROM
+tiering_releases = pytest.mark.skipif(RELEASE < TIERING_FROM, reason="the tiering spec is refused here")
 PAGE = 4096  # bytes per block of each cache tensor: one host page, as vLLM aligns a chunk row
 NUM_BLOCKS = 12
 
@@ -151,8 +154,6 @@ def test_a_corrupted_host_chunk_shows_in_the_spec_round_trip():
     assert (snapshot[1] != loaded[1]).sum() == 1
 
 
-TIERING_FROM = compat.TIERING_FROM
-tiering_releases = pytest.mark.skipif(RELEASE < TIERING_FROM, reason="refused on this release (tested below)")
 
 
 def tiering_spec():
@@ -270,7 +271,7 @@ def era_of_release():
     return next(era for era, (low, high) in low_high.items() if low <= RELEASE <= high)
 
 
-@spec_releases
+@tiering_releases
 def test_the_region_standin_of_this_releases_era_has_the_releases_names():
     standin = standins.region_of_era(era_of_release())
     used = {name for name in vars(standin) if not name.startswith("__")} - {"cleanup"}
@@ -282,7 +283,7 @@ def test_the_region_standin_of_this_releases_era_has_the_releases_names():
     assert compat.region_problems(SharedOffloadRegion) == []
 
 
-@spec_releases
+@tiering_releases
 def test_the_standin_region_constructors_take_the_releases_parameter_names():
     real = list(inspect.signature(SharedOffloadRegion).parameters)
     standin = list(inspect.signature(standins.VllmRegion).parameters)

@@ -102,7 +102,7 @@ def _refuse_unknown(name: str, config: Any, extra: dict, supported: frozenset) -
 
 def _host_chunks(spec: Any) -> int:
     """The host chunk count vLLM's CPUOffloadingSpec computed: ``num_chunks``
-    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.27 to 0.29."""
+    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.25 to 0.29."""
     for name in ("num_chunks", "num_blocks"):
         if isinstance(getattr(spec, name, None), int):
             return getattr(spec, name)
@@ -163,7 +163,7 @@ def _shared_region(spec: Any) -> Any:
 def _region_arguments(spec: Any, rank: int) -> tuple[type, Any, dict[str, Any]]:
     """vLLM's ``SharedOffloadRegion``, the parameters its constructor
     accepts, and the arguments every release takes, for ``rank``'s slot,
-    under the release's names (0.27 to 0.29 count blocks, 0.30 on chunks)."""
+    under the release's names (0.25 to 0.29 count blocks, 0.30 on chunks)."""
     import inspect
 
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion

@@ -37,7 +37,7 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
             with their page size in bytes, and per KV-cache group the
             tensors the group's layers live in.
         blocks_per_chunk: device blocks per host chunk (vLLM's CPU chunk).
-        num_chunks: host chunks to allocate (vLLM's ``num_chunks``, 0.27 to
+        num_chunks: host chunks to allocate (vLLM's ``num_chunks``, 0.25 to
             0.29's ``num_blocks``, from ``cpu_bytes_to_use``).
 
     Every cache tensor gets a host mirror of ``num_chunks`` chunks; a
