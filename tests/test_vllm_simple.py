@@ -211,7 +211,7 @@ def test_a_mistyped_extra_config_key_is_refused_when_the_connector_is_built():
 
 
 @pytest.mark.parametrize("version, differs", [
-    ("0.26.0", r"release 0\.26 is below the supported range"),
+    ("0.24.0", r"release 0\.24 is below the supported range"),
     ("0.34.0", r"release 0\.34 is above the supported range"),
 ])
 def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monkeypatch, version, differs):
@@ -220,7 +220,7 @@ def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monk
     forget_plugin_classes(monkeypatch)
     with pytest.raises(ImportError, match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} "
                                           rf"\(simple path\): {differs}(; .*)?\. Supported: "
-                                          rf"vLLM 0\.27 to 0\.33"):
+                                          rf"vLLM 0\.25 to 0\.33"):
         build(cpu_bytes=1 << 20)
 
 

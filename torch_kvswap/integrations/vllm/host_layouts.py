@@ -15,7 +15,30 @@ import torch
 
 from torch_kvswap import KVCacheOffloader
 
-__all__ = ["SharedRegionOffloader", "ChunkMajorOffloader"]
+from .compat import REGION_BASE_ATTRIBUTES, REGION_VIEW_METHODS
+
+__all__ = ["SharedRegionOffloader", "ChunkMajorOffloader", "region_base", "region_view"]
+
+
+
+def region_view(region: Any, page: int) -> torch.Tensor:
+    """The next ``page`` bytes of this rank's slot in every chunk row of
+    vLLM's ``region``, under its release's method name."""
+    for name in REGION_VIEW_METHODS:
+        if hasattr(region, name):
+            return getattr(region, name)(page)
+    raise TypeError(f"vLLM's {type(region).__name__} has none of {list(REGION_VIEW_METHODS)}")
+
+
+def region_base(region: Any) -> torch.Tensor:
+    """The whole mapping of vLLM's ``region`` as a tensor, under its
+    release's attribute name."""
+    for name in REGION_BASE_ATTRIBUTES:
+        base = getattr(region, name, None)
+        if isinstance(base, torch.Tensor):
+            return base
+    raise TypeError(f"vLLM's {type(region).__name__} has none of {list(REGION_BASE_ATTRIBUTES)} "
+                    "as a tensor (a region already cleaned up has none)")
 
 
 class SharedRegionOffloader(KVCacheOffloader):
@@ -56,8 +79,8 @@ class ChunkMajorOffloader(KVCacheOffloader):
     vLLM's ``SharedOffloadRegion`` in vLLM's own chunk-major layout: row
     ``c`` of the region is host chunk ``c``; in it, this rank's slot
     starts at ``rank * cpu_page_size`` and holds every cache tensor's
-    page back to back (``region.create_next_worker_view(page)`` per
-    tensor, as vLLM's CPU worker takes them). Each mirror is the first
+    page back to back (:func:`region_view` per tensor, as vLLM's CPU
+    worker takes them). Each mirror is the first
     ``width`` bytes of its tensor's page, with the region's row stride,
     so chunk ``c`` of every mirror lies inside ``primary_kv_view[c]``,
     the bytes vLLM's secondary tiers read and write. One device block
@@ -78,12 +101,12 @@ class ChunkMajorOffloader(KVCacheOffloader):
                              f"bytes per chunk; the cache tensors' pages need {sum(self._pages)}")
         mirrors = []
         for t, page in zip(self.device_tensors, self._pages):
-            view = region.create_next_worker_view(page)
+            view = region_view(region, page)
             if view.shape[0] < self.num_host_blocks or page < t.shape[1]:
                 raise ValueError(f"the shared host region's view is {tuple(view.shape)}; "
                                  f"{self.num_host_blocks} chunks of {t.shape[1]} bytes are needed")
             mirrors.append(view[:self.num_host_blocks, :t.shape[1]].view(t.dtype))
-        base = region.base_tensor.view(torch.uint8)
+        base = region_base(region).view(torch.uint8)
         if pin:
             torch.ops.kvswap._host_register(base, self.device, True)
             self._registered = True

@@ -81,7 +81,7 @@ def _tiering_region(spec: Any) -> Any:
 
         from .compat import UnsupportedVLLM
         raise UnsupportedVLLM(f"KVSwapTieringOffloadingSpec needs the worker's rank in vLLM's "
-                              f"OffloadingConfig (config.parallel.rank, vLLM 0.32 and 0.33); "
+                              f"OffloadingConfig (config.parallel.rank, vLLM 0.26 on); "
                               f"vLLM {vllm.__version__} here has no config.parallel")
     rank = 0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)
     region_cls, _, kw = _region_arguments(spec, rank)
@@ -102,12 +102,30 @@ def _refuse_unknown(name: str, config: Any, extra: dict, supported: frozenset) -
 
 def _host_chunks(spec: Any) -> int:
     """The host chunk count vLLM's CPUOffloadingSpec computed: ``num_chunks``
-    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.27 to 0.29."""
+    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.25 to 0.29."""
     for name in ("num_chunks", "num_blocks"):
         if isinstance(getattr(spec, name, None), int):
             return getattr(spec, name)
     raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither num_chunks "
                     "(vLLM 0.30+) nor num_blocks (vLLM 0.27-0.29)")
+
+
+def _blocks_per_chunk(spec: Any) -> int:
+    """Device blocks per host chunk as vLLM's CPUOffloadingSpec computed it:
+    ``blocks_per_chunk`` from vLLM 0.26 on, ``block_size_factor`` in 0.25."""
+    for name in ("blocks_per_chunk", "block_size_factor"):
+        if isinstance(getattr(spec, name, None), int):
+            return getattr(spec, name)
+    raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither blocks_per_chunk "
+                    "(vLLM 0.26+) nor block_size_factor (vLLM 0.25)")
+
+
+def extra_config_of(config: Any) -> dict:
+    """``kv_connector_extra_config`` of what vLLM builds a spec from: its
+    ``OffloadingConfig`` (0.26 on) or its ``VllmConfig`` (0.25)."""
+    if hasattr(config, "kv_transfer_config"):
+        return dict(config.kv_transfer_config.kv_connector_extra_config or {})
+    return dict(getattr(config, "extra_config", None) or {})
 
 
 def _capacity_source() -> str:
@@ -145,7 +163,7 @@ def _shared_region(spec: Any) -> Any:
 def _region_arguments(spec: Any, rank: int) -> tuple[type, Any, dict[str, Any]]:
     """vLLM's ``SharedOffloadRegion``, the parameters its constructor
     accepts, and the arguments every release takes, for ``rank``'s slot,
-    under the release's names (0.27 to 0.29 count blocks, 0.30 on chunks)."""
+    under the release's names (0.25 to 0.29 count blocks, 0.30 on chunks)."""
     import inspect
 
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
@@ -189,14 +207,16 @@ def _cache_views(kv_caches: Any) -> tuple[list[torch.Tensor], list[list[int]]]:
 def build() -> dict[str, type]:
     """The plug-in classes by name, on the installed vLLM: importing their
     modules checks vLLM's interface (:mod:`.offloading_spec`; once, as any
-    import). ``KVSwapTieringOffloadingSpec`` is left out where vLLM has no
-    tiered offloading (every supported release has it, 0.27 on)."""
+    import). Where ``KVSwapTieringOffloadingSpec``'s module is refused
+    (:func:`~.compat.check_tiering_vllm`), its entry is that ``ImportError``,
+    raised when the class is looked up."""
     spec = importlib.import_module(f"{__package__}.offloading_spec")
     classes = {"KVSwapOffloadingWorker": spec.KVSwapOffloadingWorker,
                "KVSwapOffloadingSpec": spec.KVSwapOffloadingSpec}
     try:
         tiering = importlib.import_module(f"{__package__}.tiering_spec")
-    except ImportError:
+    except ImportError as exc:  # refused at lookup, with its cause
+        classes["KVSwapTieringOffloadingSpec"] = exc
         return classes
     classes["KVSwapTieringOffloadingSpec"] = tiering.KVSwapTieringOffloadingSpec
     return classes

@@ -11,12 +11,13 @@ release differences the classes read.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .compat import apply_check_option, check_vllm
-from .host_layouts import ChunkMajorOffloader, SharedRegionOffloader
-from .offloading import (SUPPORTED_EXTRA_CONFIG, TransferFailed, _cache_views, _capacity_source, _host_chunks,
-                         _ids, _refuse_unknown, _shared_region)
+from .host_layouts import ChunkMajorOffloader, SharedRegionOffloader, region_base
+from .offloading import (SUPPORTED_EXTRA_CONFIG, TransferFailed, _blocks_per_chunk, _cache_views, _capacity_source,
+                         _host_chunks, _ids, _refuse_unknown, _shared_region, extra_config_of)
 
 _offload_base = check_vllm("offloading")  # vllm.v1.kv_offload.base
 
@@ -36,7 +37,7 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
             with their page size in bytes, and per KV-cache group the
             tensors the group's layers live in.
         blocks_per_chunk: device blocks per host chunk (vLLM's CPU chunk).
-        num_chunks: host chunks to allocate (vLLM's ``num_chunks``, 0.27 to
+        num_chunks: host chunks to allocate (vLLM's ``num_chunks``, 0.25 to
             0.29's ``num_blocks``, from ``cpu_bytes_to_use``).
 
     Every cache tensor gets a host mirror of ``num_chunks`` chunks; a
@@ -84,9 +85,13 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
         else:
             self.offloader = SharedRegionOffloader(
                 tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
-                host_buffer=shared_region.base_tensor)
+                host_buffer=region_base(shared_region))
         #: vLLM's SharedOffloadRegion (replicated layout, or tiering), else None
         self.shared_region = shared_region
+        # The region's map (and its /dev/shm file, where this map created it)
+        # is released at shutdown, or when the process exits without one.
+        self._release_region = (weakref.finalize(self, shared_region.cleanup) if shared_region is not None
+                                else None)
         self.blocks_per_chunk = blocks_per_chunk
         # job id -> (kind, device spec, host spec) until reported, to name a failed copy
         self._jobs: dict[int, tuple[str, Any, Any]] = {}
@@ -136,8 +141,8 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
 
     def shutdown(self) -> None:
         self.offloader.shutdown()
-        if self.shared_region is not None:
-            self.shared_region.cleanup()
+        if self._release_region is not None:
+            self._release_region()
             self.shared_region = None
 
 
@@ -159,11 +164,13 @@ class KVSwapOffloadingSpec(CPUOffloadingSpec):
     share of ``cpu_bytes_to_use``, again as many chunks as vLLM's.
     """
 
-    def __init__(self, config: Any) -> None:
-        extra = dict(getattr(config, "extra_config", None) or {})
+    def __init__(self, config: Any, *kv_cache_config: Any) -> None:
+        # vLLM 0.26 on builds the spec from one OffloadingConfig; 0.25 from
+        # (vllm_config, kv_cache_config).
+        extra = extra_config_of(config)
         _refuse_unknown("KVSwapOffloadingSpec", config, extra, SUPPORTED_EXTRA_CONFIG)
         apply_check_option(extra)
-        super().__init__(config)
+        super().__init__(config, *kv_cache_config)
         # Read while the engine's config is current (the spec is built in
         # the worker's connector), for the error of a too small capacity.
         self._capacity_source = _capacity_source()
@@ -174,7 +181,7 @@ class KVSwapOffloadingSpec(CPUOffloadingSpec):
             region = (_shared_region(self) if getattr(self, "replicated_layout", False)
                       and chunks > 0 else None)
             try:
-                self._worker = KVSwapOffloadingWorker(kv_caches, self.blocks_per_chunk,
+                self._worker = KVSwapOffloadingWorker(kv_caches, _blocks_per_chunk(self),
                                                       chunks, region, self._capacity_source)
             except Exception:
                 if region is not None:

@@ -2,21 +2,21 @@
 
 It subclasses vLLM's ``TieringOffloadingSpec`` (``vllm.v1.kv_offload.tiering``),
 so importing this module imports vLLM (checked first, through
-:mod:`.offloading_spec`) and fails with ``ImportError`` on a vLLM build
-without tiered offloading; the package then names that release when the spec
-is looked up.
+:mod:`.offloading_spec`, then :func:`~.compat.check_tiering_vllm`) and fails
+with ``ImportError`` naming the release on a vLLM build without tiered
+offloading or whose shared host region differs, when the spec is looked up.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .compat import CHECK_KEY
+from .compat import CHECK_KEY, check_tiering_vllm
 from .offloading import (SUPPORTED_TIERING_EXTRA_CONFIG, _capacity_source, _host_chunks, _refuse_unknown,
                          _tiering_region)
 from .offloading_spec import KVSwapOffloadingWorker  # checks vLLM's interface first
 
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: I001 - after the check
+TieringOffloadingSpec = check_tiering_vllm().TieringOffloadingSpec
 
 __all__ = ["KVSwapTieringOffloadingSpec"]
 
