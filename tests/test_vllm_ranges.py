@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 
 from torch_kvswap import envreport
 from torch_kvswap.integrations.vllm import compat
@@ -28,7 +27,6 @@ def test_docs_vllm_table_is_compats_table():
     assert table == {name: compat.range_text(name) for name in compat.PLUGIN_RANGES}
 
 
-@pytest.mark.xfail(strict=True, reason="README.md still states 0.27 to 0.33: remove this mark with its update")
 def test_the_readme_states_compats_ranges():
     readme = (ROOT / "README.md").read_text()
     assert f"The vLLM plug-ins support: {compat.supported_ranges()}." in readme
