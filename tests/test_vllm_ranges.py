@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-
 from torch_kvswap import envreport
 from torch_kvswap.integrations.vllm import compat
 
