@@ -39,11 +39,11 @@ MUTANTS = [
         name="cuda-batch-attrs-per-descriptor",
         file="csrc/cuda/cuda_engine.cpp",
         where="copy_batched",
-        find="&args->attr, &args->index, 1, &fail_index, stream);",
-        replace="std::vector<cudaMemcpyAttributes>(static_cast<size_t>(b.count), args->attr).data(),\n"
-                "[&b] { std::vector<size_t> i(static_cast<size_t>(b.count)); "
+        find="static_cast<size_t>(n), &a.attr, &a.index, 1, &fail_index, stream);",
+        replace="static_cast<size_t>(n), std::vector<cudaMemcpyAttributes>(static_cast<size_t>(n), a.attr).data(),\n"
+                "[n] { std::vector<size_t> i(static_cast<size_t>(n)); "
                 "for (size_t k = 0; k < i.size(); ++k) i[k] = k; return i; }().data(),\n"
-                "static_cast<size_t>(b.count), &fail_index, stream);",
+                "static_cast<size_t>(n), &fail_index, stream);",
         tests=[FAKE + "::test_finding_3_one_attrs_entry_with_index_zero"],
         why="review finding 3: one attrs entry and one index per descriptor, built on every call",
     ),
@@ -424,9 +424,9 @@ MUTANTS = [
     dict(
         name="cuda-batch-fail-index-dropped",
         file="csrc/cuda/cuda_engine.cpp",
-        where="copy_batched",
-        find="                fail_index < static_cast<size_t>(b.count)\n",
-        replace="                false\n",
+        where="batch_failure",
+        find="  if (fail_index < static_cast<size_t>(n)) {\n",
+        replace="  if (false) {\n",
         tests=[FAKE + "::test_a_batch_failure_names_the_descriptor_the_runtime_reports"],
         why="CUDA 12.8/12.9's failIdx is not reported",
     ),
