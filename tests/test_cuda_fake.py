@@ -842,7 +842,8 @@ def test_environment_report_says_what_the_engine_uses_on_the_device(fake, fault,
         F.set_fault(fault, value)
     F.rebind()
     report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("cuda:0")))
-    assert set(report) == {"batch_api", "capture_query", "pin_in_place", "kernel_params"}
+    assert set(report) == {"batch_api", "batch_cap", "capture_query", "pin_in_place", "kernel_params"}
+    assert report["batch_cap"] == "8192 descriptors per cudaMemcpyBatchAsync call"
     assert report["batch_api"].startswith("cudaMemcpyBatchAsync in use" if batch else "not in use")
     assert report["capture_query"].startswith("cudaStreamIsCapturing ")  # what the table binds
     assert report["kernel_params"] == f"{F.kernel_param_bytes(0)} bytes per launch"
@@ -1666,3 +1667,152 @@ def test_the_current_stream_is_per_thread(fake):
     assert all(torch.equal(host_bytes(d), b) for d, b in zip(dst, before))
     assert F.synchronize(seen["theirs"]) == "cudaSuccess"
     assert all(torch.equal(host_bytes(d), w) for d, w in zip(dst, want))
+
+
+# --- batches every driver accepts: at most 8,192 descriptors a call ---------------------------
+
+CAP = 8192  # descriptors per cudaMemcpyBatchAsync call by default (cuda_engine.cpp, max_batch)
+CAP_ENV = "KVSWAP_CUDA_MAX_BATCH_DESCRIPTORS"
+
+
+def scatter(n, block=16, seed=0):
+    """n host-to-device descriptors of `block` bytes, descriptor i copying pinned block perm[i]
+    to device block i (no two merge); returns the table, the pinned source (to keep while
+    the copies are queued), the device tensor and its expected bytes."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, 255, (n, block), dtype=torch.uint8, generator=g)
+    perm = torch.randperm(n, generator=g)
+    pinned, dst = F.pinned_copy(src), F.device_copy(torch.zeros(n, block, dtype=torch.uint8))
+    table = (pinned.data_ptr() + perm * block, dst.data_ptr() + torch.arange(n) * block,
+             torch.full((n,), block))
+    return table, pinned, dst, src[perm]
+
+
+def submit(table):
+    sp, dp, sizes = table
+    torch.ops.kvswap._submit.default.redispatch(CUDA, sp, dp, sizes, 0, int(sizes.sum()), torch.device("cuda", 0))
+
+
+def batch_sizes():
+    return F.batches()[::4]  # each record: count, num_attrs, first index, access order
+
+
+@pytest.mark.parametrize("n,calls", [(CAP - 1, [CAP - 1]), (CAP, [CAP]), (CAP + 1, [CAP, 1])])
+def test_a_call_is_split_into_batches_of_at_most_the_cap(fake, n, calls):
+    stream = side_stream()
+    table, _src, dst, want = scatter(n)
+    submit(table)
+    assert batch_sizes() == calls
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert torch.equal(F.host_view(dst), want)
+    assert F.violations() == []
+
+
+def test_a_call_of_100000_descriptors_lands_byte_exact(fake):
+    stream = side_stream()
+    table, _src, dst, want = scatter(100_000)
+    submit(table)
+    assert batch_sizes() == [CAP] * 12 + [100_000 - 12 * CAP]
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert torch.equal(F.host_view(dst), want)
+    assert F.violations() == []
+
+
+@pytest.mark.parametrize("n,answer", [(51_827, "cudaSuccess"), (51_828, "cudaErrorInvalidValue"),
+                                      (51_829, "cudaErrorInvalidValue")])
+def test_fake_rule_a_batch_of_51828_descriptors_is_refused(fake, n, answer):
+    """vLLM #49276: one call of 51,828 descriptors crashed the process; the fake refuses it."""
+    stream = F.create_stream(0, False)
+    (sp, dp, sizes), _src, dst, want = scatter(n, block=1)
+    table = torch.stack([dp, sp, sizes])  # read when the copies run: kept until the sync
+    assert F.batch_copy(table, stream) == answer
+    assert F.synchronize(stream) == "cudaSuccess"
+    refused = answer != "cudaSuccess"
+    assert F.violations() == ([f"cudaMemcpyBatchAsync: {n} descriptors in one call (51,828 crashed the "
+                               "process: vLLM #49276)"] if refused else [])
+    assert torch.equal(F.host_view(dst), torch.zeros_like(want) if refused else want)
+
+
+def test_the_environment_sets_the_cap_when_the_engine_is_bound(fake, monkeypatch):
+    monkeypatch.setenv(CAP_ENV, "3")
+    F.rebind()
+    assert F.max_batch() == 3
+    report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("cuda:0")))
+    assert report["batch_cap"] == "3 descriptors per cudaMemcpyBatchAsync call"
+    stream = side_stream()
+    table, _src, dst, want = scatter(7)
+    submit(table)
+    assert batch_sizes() == [3, 3, 1]
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert torch.equal(F.host_view(dst), want)
+    monkeypatch.delenv(CAP_ENV)
+    F.rebind()
+    assert F.max_batch() == CAP
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "many", "12x", "", "99999999999999999999"])
+def test_a_cap_that_is_not_a_count_is_refused_before_any_copy(fake, monkeypatch, text):
+    monkeypatch.setenv(CAP_ENV, text)
+    F.rebind()
+    side_stream()
+    table, _src, _, _ = scatter(2)
+    with pytest.raises(ValueError, match=rf"{CAP_ENV}='{text}' is not a descriptor count: expected a whole "
+                                         rf"number of at least 1 \(the default is 8192\); set one, or unset "
+                                         rf"the variable.*\(nothing was copied\)$"):
+        submit(table)
+    assert F.count_calls("cudaMemcpyBatchAsync") == 0
+
+
+def test_the_setter_overrides_the_cap_until_the_engine_is_bound_again(fake):
+    F.set_max_batch(2)
+    stream = side_stream()
+    table, _src, dst, want = scatter(5)
+    submit(table)
+    assert batch_sizes() == [2, 2, 1]
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert torch.equal(F.host_view(dst), want)
+    with pytest.raises(ValueError, match="must be at least 1, got 0"):
+        F.set_max_batch(0)
+    F.rebind()
+    assert F.max_batch() == CAP
+
+
+LATER_BATCH_FAILED = (r"cudaMemcpyBatchAsync failed: cudaErrorInvalidValue \(.*\)\. 4 descriptors "
+                      r"\(host_to_device\), batch 2 of 3 of this call's 10 descriptors \(descriptors 4\.\.7, "
+                      r"at most 4 a batch\); descriptors 0\.\.3 were queued by the earlier batches and will "
+                      r"still run; any of them may have been queued, wholly or in part \(the runtime does not "
+                      r"say how far it got\), and what was will still run; descriptors 8\.\.9 were not queued")
+
+
+def second_of_three_batches_fails():
+    """10 descriptors in batches of 4, the second batch failing, on a stalled side stream."""
+    stream = side_stream()
+    F.set_max_batch(4)
+    table, src, dst, want = scatter(10)
+    F.set_fault("stalled", 1)
+    F.set_fault("batch_fail_call", 1)
+    return stream, (table, src), dst, want
+
+
+def test_a_failure_in_a_later_batch_names_what_was_queued_and_the_earlier_batches_land(fake):
+    stream, (table, _src), dst, want = second_of_three_batches_fails()
+    before = F.host_view(dst).clone()
+    with pytest.raises(RuntimeError, match=LATER_BATCH_FAILED) as info:
+        submit(table)
+    assert "nothing was copied" not in str(info.value)
+    assert F.last_error(True) == "cudaSuccess"
+    assert F.in_flight(0) == 1  # the queued batches still read the table
+    F.set_fault("stalled", 0)
+    assert F.synchronize(stream) == "cudaSuccess"
+    assert F.in_flight(0) == 0
+    got = F.host_view(dst)
+    assert torch.equal(got[:4], want[:4]) and torch.equal(got[4:], before[4:])
+
+
+def test_a_later_batch_failure_is_reported_even_when_its_event_fails(fake):
+    _, (table, _src), _, _ = second_of_three_batches_fails()
+    F.set_fault("fail:cudaEventRecord", 1)
+    with pytest.raises(RuntimeError, match=LATER_BATCH_FAILED):
+        submit(table)
+    F.set_fault("fail:cudaEventRecord", 0)
+    assert F.in_flight(0) == 1  # held without an event: released after a later one of its stream

@@ -26,7 +26,11 @@ namespace ascend {
 
 // Entries per aclrtMemcpyBatchAsync call: DEVMM_MEMCPY_BATCH_MAX_COUNT
 // (CANN runtime, pkg_inc/driver/ascend_hal_define.h:810; "Array max size is
-// 4096", ascend_hal_base.h:2099). Larger batches are split.
+// 4096", ascend_hal_base.h:2099). The asynchronous call's own checks have no
+// cap (hicann/runtime 681ef7610df1, src/runtime/api/impl/api_error.cc:
+// 7344-7386; the synchronous call's refuse more, 7314-7317), but its UB route
+// hands a batch with pageable memory to the driver's batch copy, which refuses
+// more than this with 207000 (docs/ascend.md). Larger batches are split.
 constexpr size_t kMaxBatchEntries = 4096;
 
 // Work entries one captured stream can hold: StreamJettyContext::

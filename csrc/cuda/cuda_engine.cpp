@@ -7,7 +7,8 @@
 // runtime on host memory); see docs/cuda.md.
 //
 // Paths:
-//   batch     cudaMemcpyBatchAsync, one call per batch, for every direction,
+//   batch     cudaMemcpyBatchAsync, one call per batch of at most
+//             max_batch() descriptors (below), for every direction,
 //             outside graph capture, on a stream other than the legacy one;
 //             resolved at run time: the runtime and the driver must both be
 //             12.8 or newer, and an answer "not supported" / "insufficient
@@ -43,7 +44,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -208,6 +211,7 @@ struct BatchState {
   // Kernel parameter block per device: 0 not asked yet, else its limit in
   // bytes (kSmallParamLimit or kLargeParamLimit).
   std::array<std::atomic<int>, kMaxDevices> param_limit{};
+  std::atomic<int64_t> max_batch{0};  // descriptors per batch call; 0: not read yet
 };
 
 std::unique_ptr<BatchState>& batch_state_slot() {
@@ -238,6 +242,39 @@ bool batch_resolved() {
     }
   });
   return state.usable;
+}
+
+// Descriptors per cudaMemcpyBatchAsync call. The runtime documents no limit,
+// but one call of 51,828 descriptors crashed the process, and repeated large
+// calls hung, on CUDA 13.0 with driver 580.159.04 (vLLM issue #49276). vLLM
+// splits its batch copies at 8,192 descriptors where the runtime faults above
+// that count (ROCm: csrc/libtorch_stable/cache_kernels.cu,
+// kRocmDefaultMaxBatchDescriptors; VLLM_KV_OFFLOAD_MAX_BATCH_DESCRIPTORS
+// overrides) and leaves CUDA uncapped; this engine splits CUDA calls at the
+// same 8,192, six times below the count that crashed. The environment
+// variable sets another cap, read when the engine is bound
+// (set_max_batch_descriptors overrides it until the next binding).
+constexpr int64_t kDefaultMaxBatch = 8192;
+constexpr const char* kMaxBatchEnv = "KVSWAP_CUDA_MAX_BATCH_DESCRIPTORS";
+
+int64_t parsed_max_batch(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  TORCH_CHECK_VALUE(end != text && *end == '\0' && errno == 0 && value >= 1, "kvswap CUDA engine: ",
+                    kMaxBatchEnv, "='", text, "' is not a descriptor count: expected a whole number of at "
+                    "least 1 (the default is ", kDefaultMaxBatch, "); set one, or unset the variable");
+  return value;
+}
+
+int64_t max_batch() {
+  std::atomic<int64_t>& slot = batch_state().max_batch;
+  int64_t cap = slot.load(std::memory_order_relaxed);
+  if (cap != 0) return cap;
+  const char* text = std::getenv(kMaxBatchEnv);
+  cap = text != nullptr ? parsed_max_batch(text) : kDefaultMaxBatch;
+  slot.store(cap, std::memory_order_relaxed);
+  return cap;
 }
 
 bool batch_enabled(int device) {
@@ -295,41 +332,78 @@ struct BatchAttr {
   size_t index = 0;
 };
 
-// Returns false when the batch API turned out to be unsupported on `device`
-// (nothing was queued; the caller copies per descriptor).
-bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, std::vector<at::Tensor> keep_alive) {
-  auto args = std::make_shared<BatchAttr>();
+BatchAttr batch_attr(Direction direction, int device) {
+  BatchAttr args;
   // STREAM: the source is read in stream order. ANY would let the copy read
   // the source before earlier work on the stream (the compute that produced
   // a stored block) has finished.
-  args->attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  args->attr.flags = cudaMemcpyFlagDefault;
+  args.attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  args.attr.flags = cudaMemcpyFlagDefault;
   cudaMemLocation host{};
   host.type = cudaMemLocationTypeHost;
   cudaMemLocation dev{};
   dev.type = cudaMemLocationTypeDevice;
   dev.id = device;
-  args->attr.srcLocHint = b.direction == Direction::kHostToDevice ? host : dev;
-  args->attr.dstLocHint = b.direction == Direction::kDeviceToHost ? host : dev;
+  args.attr.srcLocHint = direction == Direction::kHostToDevice ? host : dev;
+  args.attr.dstLocHint = direction == Direction::kDeviceToHost ? host : dev;
+  return args;
+}
 
+// What a failed batch call leaves behind: the earlier batches of the call
+// were queued and will run; any of the failed batch's may have been; the
+// later ones were not.
+std::string batch_failure(const CopyBatch& b, cudaError_t err, int64_t first, int64_t n, int64_t cap,
+                          size_t fail_index) {
+  std::ostringstream out;
+  out << "kvswap CUDA engine: cudaMemcpyBatchAsync failed: " << describe_error(err) << ". " << n
+      << " descriptors (" << direction_name(static_cast<int64_t>(b.direction)) << ")";
+  if (n < b.count) {
+    out << ", batch " << first / cap + 1 << " of " << (b.count + cap - 1) / cap << " of this call's "
+        << b.count << " descriptors (descriptors " << first << ".." << first + n - 1 << ", at most " << cap
+        << " a batch)";
+  }
+  out << "; ";
+  if (fail_index < static_cast<size_t>(n)) {
+    out << "the runtime names " << format_descriptor(b, first + static_cast<int64_t>(fail_index)) << "; ";
+  }
+  if (first > 0) {
+    out << "descriptors 0.." << first - 1 << " were queued by the earlier batches and will still run; ";
+  }
+  out << "any of them may have been queued, wholly or in part (the runtime does not say how far it got), "
+         "and what was will still run";
+  if (first + n < b.count) out << "; descriptors " << first + n << ".." << b.count - 1 << " were not queued";
+  return out.str();
+}
+
+// Submits the call in batches of at most `cap` descriptors, one
+// cudaMemcpyBatchAsync each. Returns false when the batch API turned out to
+// be unsupported on `device` at the first batch (nothing was queued; the
+// caller copies per descriptor). Once anything may have been queued, the
+// table and the attrs entries are held (in_flight), whatever fails.
+bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, int64_t cap,
+                  std::vector<at::Tensor> keep_alive) {
+  const int64_t calls = (b.count + cap - 1) / cap;
+  auto args = std::make_shared<std::vector<BatchAttr>>(static_cast<size_t>(calls), batch_attr(b.direction, device));
   const DescriptorArrays arrays = descriptor_arrays(b);
-  size_t fail_index = SIZE_MAX;  // set by CUDA 12.8/12.9 on a failure
-  const cudaError_t err =
-      api().memcpy_batch_async(arrays.dsts, const_cast<const void* const*>(arrays.srcs), arrays.sizes,
-                               static_cast<size_t>(b.count), &args->attr, &args->index, 1, &fail_index, stream);
-  if (err != cudaSuccess) {
+  for (int64_t first = 0; first < b.count; first += cap) {
+    const int64_t n = std::min(cap, b.count - first);
+    BatchAttr& a = (*args)[static_cast<size_t>(first / cap)];
+    size_t fail_index = SIZE_MAX;  // set by CUDA 12.8/12.9 on a failure
+    const cudaError_t err = api().memcpy_batch_async(
+        arrays.dsts + first, const_cast<const void* const*>(arrays.srcs + first), arrays.sizes + first,
+        static_cast<size_t>(n), &a.attr, &a.index, 1, &fail_index, stream);
+    if (err == cudaSuccess) continue;
     clear_last_error();
-    if (means_unsupported(err)) {
+    if (first == 0 && means_unsupported(err)) {
       turn_batch_off(device, err);
       return false;
     }
-    TORCH_CHECK(false, "kvswap CUDA engine: cudaMemcpyBatchAsync failed: ", describe_error(err), ". ",
-                b.count, " descriptors (", direction_name(static_cast<int64_t>(b.direction)), "); ",
-                fail_index < static_cast<size_t>(b.count)
-                    ? "the runtime names " + format_descriptor(b, static_cast<int64_t>(fail_index)) + "; "
-                    : std::string(),
-                "any of them may have been queued, wholly or in part (the runtime does not say how far "
-                "it got), and what was will still run");
+    try {
+      in_flight(device).hold(stream, std::move(keep_alive), args);
+    } catch (const c10::Error&) {
+      // Held all the same (InFlightArrays::hold); the batch's failure is the error to report.
+    }
+    TORCH_CHECK(false, batch_failure(b, err, first, n, cap, fail_index));
   }
   in_flight(device).hold(stream, std::move(keep_alive), std::move(args));
   return true;
@@ -346,8 +420,9 @@ void submit_cuda(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
     DeviceScope scope(index);
     const cudaStream_t stream = api().current_stream(index);
     if (!is_legacy(stream) && batch_enabled(index) && !is_capturing(stream)) {
+      const int64_t cap = max_batch();
       queued = true;
-      if (copy_batched(batch, stream, index, {src_ptrs, dst_ptrs, sizes})) return;
+      if (copy_batched(batch, stream, index, cap, {src_ptrs, dst_ptrs, sizes})) return;
       queued = false;  // the batch API is unsupported here: nothing was queued
     }
     copy_each(batch, stream, queued);
@@ -684,6 +759,14 @@ void set_cuda_api(const CudaApi* table) {
   for (int d = 0; d < kMaxDevices; ++d) in_flight(d).clear();
 }
 
+void set_max_batch_descriptors(int64_t count) {
+  TORCH_CHECK_VALUE(count >= 1, "kvswap CUDA engine: descriptors per cudaMemcpyBatchAsync call must be at least 1, got ",
+                    count);
+  batch_state().max_batch.store(count, std::memory_order_relaxed);
+}
+
+int64_t max_batch_descriptors() { return max_batch(); }
+
 size_t batches_in_flight(int device) { return in_flight(device).held(); }
 
 bool batch_api_enabled(int device) { return batch_enabled(device); }
@@ -698,6 +781,7 @@ std::vector<std::string> engine_report_cuda(c10::Device device) {
           (batch ? "cudaMemcpyBatchAsync in use"
                  : "not in use (absent, runtime or driver before 12.8, or refused on this device): one "
                    "cudaMemcpyAsync per copy"),
+      "batch_cap=" + std::to_string(max_batch()) + " descriptors per cudaMemcpyBatchAsync call",
       "capture_query=cudaStreamIsCapturing (every CUDA release)",
       "pin_in_place=cudaHostRegister (mapped, portable)",
       "kernel_params=" + std::to_string(param_limit(index)) + " bytes per launch",

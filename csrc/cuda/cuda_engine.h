@@ -84,6 +84,13 @@ bool stream_capturing_cuda(c10::Device device);
 bool host_mapped_cuda(at::TensorList tensors, c10::Device device);
 void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin);
 
+// Descriptors per cudaMemcpyBatchAsync call (cuda_engine.cpp, max_batch):
+// 8,192 unless KVSWAP_CUDA_MAX_BATCH_DESCRIPTORS, read when the engine is
+// bound, says otherwise. The setter overrides both until the next binding;
+// it refuses a count below 1.
+void set_max_batch_descriptors(int64_t count);
+int64_t max_batch_descriptors();
+
 // For tests: batches whose descriptor arrays the engine still holds on a
 // device, whether the batch API is in use there, and the size of the kernel
 // parameter block the engine launches with there.

@@ -538,4 +538,22 @@ MUTANTS = [
         why="CANN refuses only a stream bound to a sub-graph capture (api_error.cc:7382-7384, "
             "capture_model_utils.cc:421-441)",
     ),
+    dict(
+        name="ascend-batch-cap-one-over",
+        file="csrc/ascend/ascend_engine.h",
+        find="constexpr size_t kMaxBatchEntries = 4096;",
+        replace="constexpr size_t kMaxBatchEntries = 4097;",
+        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+               "test_8_a_call_is_split_at_the_4096_entry_cap]"],
+        why="issue 36 item 4: a batch of 4097 entries on CANN's UB route with pageable memory is refused (207000)",
+    ),
+    dict(
+        name="ascend-batch-cap-one-under",
+        file="csrc/ascend/ascend_engine.h",
+        find="constexpr size_t kMaxBatchEntries = 4096;",
+        replace="constexpr size_t kMaxBatchEntries = 4095;",
+        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+               "test_8_a_call_is_split_at_the_4096_entry_cap]"],
+        why="issue 36 item 4: 4096 entries, the cap itself, go in one call",
+    ),
 ]

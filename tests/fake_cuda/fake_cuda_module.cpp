@@ -289,6 +289,8 @@ void set_fault(c10::string_view name, int64_t value) {
     f.batch_error = err;
   } else if (name == "batch_fail_at") {
     f.batch_fail_at = value;
+  } else if (name == "batch_fail_call") {
+    f.batch_fail_call = value;
   } else if (name == "memcpy_fail_at") {
     f.memcpy_fail_at = value;
   } else if (name == "launch_fail_at") {
@@ -579,6 +581,8 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("copy_widths() -> int[]", [] { return fake_cuda::copy_widths(); });
   m.def("in_flight(int device) -> int",
         [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::batches_in_flight(static_cast<int>(d))); });
+  m.def("set_max_batch(int count) -> ()", [](int64_t n) { kvswap::cuda::set_max_batch_descriptors(n); });
+  m.def("max_batch() -> int", [] { return kvswap::cuda::max_batch_descriptors(); });
   m.def("batch_enabled(int device) -> bool",
         [](int64_t d) { return kvswap::cuda::batch_api_enabled(static_cast<int>(d)); });
   m.def("bench_overhead(int descriptors, int iters) -> float[]", &bench_overhead);

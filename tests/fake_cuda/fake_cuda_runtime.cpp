@@ -36,6 +36,12 @@
 //   read them afterwards fails). attrs and attrsIdxs, which the API takes
 //   through non-const pointers (6435), are read during the call and always
 //   overwritten after it returns, so reusing them across calls fails.
+//   The header documents no limit on `count`, but one call of 51,828
+//   descriptors crashed the process (segfault), and repeated large calls hung,
+//   on CUDA 13.0 with driver 580.159.04 (vllm-project/vllm issue #49276). A
+//   fake cannot crash its test, so it refuses a call of that many descriptors
+//   or more with cudaErrorInvalidValue and records a violation: an engine that
+//   sends one fails its test however it handles the answer.
 // * Capture: record, instantiate, replay. Work on a capturing stream becomes
 //   graph nodes (cuda_runtime_api.h:2437-2439). Prohibited, with
 //   cudaErrorStreamCaptureUnsupported, and invalidating the capture ("When an
@@ -182,6 +188,7 @@ struct World {
   int64_t memcpy_calls = 0;
   int64_t launch_calls = 0;
   uint64_t batches_run = 0;  // seeds each batch's order
+  int64_t batch_calls = 0;
   cudaError_t sticky = cudaSuccess;
   std::vector<std::string> log;
   std::vector<std::string> violations;
@@ -467,6 +474,9 @@ std::vector<size_t> batch_order(size_t n) {
   return order;
 }
 
+// The smallest batch known to crash the runtime (vLLM #49276; see the top).
+constexpr size_t kBatchCrashCount = 51828;
+
 // failIdx: CUDA 12.8/12.9 report the failing copy's index there; CUDA 13
 // has no such output, and the fake leaves it unless `reports_fail_index`.
 cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t count,
@@ -483,9 +493,11 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
     }
     return note("cudaMemcpyBatchAsync", s, err);
   };
+  const int64_t call = w.batch_calls++;
   if (s == nullptr) return done(cudaErrorInvalidResourceHandle);
   if (w.sticky != cudaSuccess) return done(w.sticky);
   if (const cudaError_t e = injected("cudaMemcpyBatchAsync")) return done(e);
+  if (call == w.faults.batch_fail_call) return done(cudaErrorInvalidValue);
   if (w.faults.batch_error != cudaSuccess) return done(w.faults.batch_error);
   if (s->legacy) return done(cudaErrorInvalidValue);
   if (s->capture != nullptr && s->capture->invalidated) return done(cudaErrorStreamCaptureInvalidated);
@@ -501,6 +513,11 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
         order != cudaMemcpySrcAccessOrderAny) {
       return done(cudaErrorInvalidValue);
     }
+  }
+  if (count >= kBatchCrashCount) {
+    w.violations.push_back("cudaMemcpyBatchAsync: " + std::to_string(count) +
+                           " descriptors in one call (51,828 crashed the process: vLLM #49276)");
+    return done(cudaErrorInvalidValue);
   }
   if (w.faults.batch_fail_at >= 0 && count > static_cast<size_t>(w.faults.batch_fail_at)) {
     if (w.faults.reports_fail_index && fail_idx != nullptr) *fail_idx = static_cast<size_t>(w.faults.batch_fail_at);
@@ -921,6 +938,7 @@ void reset(int devices) {
   w.memcpy_calls = 0;
   w.launch_calls = 0;
   w.batches_run = 0;
+  w.batch_calls = 0;
   w.sticky = cudaSuccess;
   w.log.clear();
   w.violations.clear();

@@ -63,6 +63,8 @@ struct Faults {
   bool batch_absent = false;                   // the table has no batch entry
   cudaError_t batch_error = cudaSuccess;       // the batch call answers this
   int64_t batch_fail_at = -1;                  // a batch with more descriptors fails (invalid value)
+  int64_t batch_fail_call = -1;                // the k-th cudaMemcpyBatchAsync since reset fails
+                                               // (invalid value), queuing nothing
   int64_t memcpy_fail_at = -1;                 // the k-th cudaMemcpyAsync since reset fails
   int64_t launch_fail_at = -1;                 // the k-th kernel launch since reset fails
   cudaError_t host_register_error = cudaSuccess;

@@ -141,6 +141,30 @@ def test_8_batches_over_4096_entries_are_split(fake):
     assert torch.equal(dst.cpu()[::2], src[::2])
 
 
+def ub_pageable_copy(fake, n, block=16):
+    """n scattered host-to-device descriptors from pageable memory on CANN's UB route, whose
+    driver batch copy refuses more than 4096 entries; returns how many batch calls the copy
+    made after the stream's one-entry probe, and the size of the last."""
+    fake.set_batch_route("ub")
+    src, dst = host_blocks(2 * n, block, 1, pinned=False), device_blocks(2 * n, block, 2)
+    pointer_copy(src, dst, scattered(1), 0, block=block)  # the stream's first batch: one entry
+    before = fake.calls("aclrtMemcpyBatchAsync")
+    pointer_copy(src, dst, scattered(n), 0, block=block)
+    torch.accelerator.synchronize()
+    assert torch.equal(dst.cpu()[::2][:n], src[::2][:n])
+    return fake.calls("aclrtMemcpyBatchAsync") - before, fake.last_batch()[0]
+
+
+@pytest.mark.parametrize("n,calls,last", [(4095, 1, 4095), (4096, 1, 4096), (4097, 2, 1)])
+def test_8_a_call_is_split_at_the_4096_entry_cap(fake, n, calls, last):
+    assert ub_pageable_copy(fake, n) == (calls, last)
+
+
+def test_8_a_call_of_100000_descriptors_lands_byte_exact(fake):
+    assert ub_pageable_copy(fake, 100_000) == (25, 100_000 - 24 * 4096)
+    assert fake.calls("aclrtMemcpyAsync") == 0
+
+
 # 9. Capture: device-resident ids are refused with a clear error (the engine
 #    answers _stream_capturing); more copies than a captured stream holds
 #    are refused before any is queued (EE1023).
