@@ -117,13 +117,18 @@ TORCH_LIBRARY(kvswap, m) {
   // Registers the bytes `region` spans as memory the pointer op may copy
   // from or to on `side` ("host" or "device"), named `label` in errors;
   // returns the region's id. The table holds the storage weakly: a region
-  // whose memory was freed is dropped. Checked mode refuses descriptors
+  // whose memory was freed is dropped, and one whose storage was resized
+  // covers the bytes the storage holds now. Checked mode refuses descriptors
   // outside every region. torch_kvswap.register_region wraps it.
   m.def("_register_region(Tensor region, str side, str label) -> int");
 
   // Drops a region by id; false when there was none (already dropped).
   m.def("_unregister_region(int id) -> bool");
 
-  // "side:label" of every live region, in address order. For tests.
+  // "side:label" of every region that holds bytes, in address order. For tests.
   m.def("_region_labels() -> str[]");
+
+  // Region entries the table has visited since the process started
+  // (registering, dropping, checking): linear in the regions. For tests.
+  m.def("_region_table_work() -> int");
 }

@@ -248,32 +248,36 @@ def test_the_offloader_registers_its_caches_and_mirrors_and_drops_them_with_itse
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_jobs_that_keep_the_contract_are_never_refused(seed):
     # A scheduler that keeps the contract: it loads only host blocks whose
-    # store it has seen reported, and stores only into host blocks and from
-    # device blocks that no unreported load touches.
+    # store it has seen reported, into device blocks no unreported job
+    # touches, and stores only into host blocks and from device blocks that
+    # no unreported load touches.
     rng = random.Random(seed)
     with make(num_host_blocks=8) as off:
         stored: set[int] = set()
         busy_host: dict[int, set[int]] = {}
         busy_dev: dict[int, set[int]] = {}
         storing: dict[int, int] = {}
+        store_dev: dict[int, set[int]] = {}  # device blocks unreported stores read
         for job in range(300):
             for r in off.get_finished():
                 assert r.success
                 busy_host.pop(r.job_id, None)
                 busy_dev.pop(r.job_id, None)
+                store_dev.pop(r.job_id, None)
                 if r.job_id in storing:
                     stored.add(storing.pop(r.job_id))
             h = rng.randrange(8)
             dev = rng.sample(range(8), FACTOR)
             loading_h = set().union(*busy_host.values()) if busy_host else set()
             loading_d = set().union(*busy_dev.values()) if busy_dev else set()
+            storing_d = set().union(*store_dev.values()) if store_dev else set()
             if h in stored and h not in storing.values() and rng.random() < 0.5 \
-                    and not set(dev) & loading_d:
+                    and not set(dev) & (loading_d | storing_d):
                 off.load(job, [h], dev)
                 busy_host[job], busy_dev[job] = {h}, set(dev)
             elif h not in loading_h and not set(dev) & loading_d and h not in storing.values():
                 stored.discard(h)
                 off.store(job, dev, [h])
-                storing[job] = h
+                storing[job], store_dev[job] = h, set(dev)
         off.wait(off.pending())
         assert all(r.success for r in off.get_finished())

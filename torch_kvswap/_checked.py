@@ -132,6 +132,8 @@ def _unregister_all(ids: list[int]) -> None:
 # --- the offloader's contract -------------------------------------------------
 
 _EMPTY = -1  # no pending job
+_LOAD_LANES = ("load", "expedited")
+_NOT_SEEN = "(not yet reported finished by get_finished() nor waited for)"
 
 
 class OffloaderChecks:
@@ -141,10 +143,14 @@ class OffloaderChecks:
     (a store job writes it and the caller has not seen it finish), *stored*,
     or *being loaded* (stored, and pending loads read it). The caller sees a
     job finish when ``get_finished`` reports it or ``wait`` returns for it.
-    Refused at submission, before anything is queued:
+    Jobs of one lane run in order; jobs of different lanes do not, so a job
+    may not touch what a pending job of another lane writes, nor write what
+    one reads. Refused at submission, before anything is queued:
 
     * a load of a sub-block that is empty, or whose store the caller has not
       seen finish (vLLM #47282: loads racing stores);
+    * a load into device blocks that a pending store still reads, or that a
+      pending load of the other load lane still writes;
     * a store into a sub-block that a pending load still reads;
     * a store of device blocks that a pending load is still writing.
 
@@ -160,48 +166,91 @@ class OffloaderChecks:
         self._related = [[h for h, other in enumerate(groups) if set(members) & set(other)]
                          for members in groups]
         rows = offloader.num_host_blocks * self.factor
-        ng = len(groups)
+        ng, nd = len(groups), offloader.num_device_blocks
         self._stored = np.zeros((ng, rows), dtype=bool)
         self._storing = np.full((ng, rows), _EMPTY, dtype=np.int64)  # latest pending store
         self._reading = np.zeros((ng, rows), dtype=np.int32)  # pending loads reading
-        self._writing = np.zeros((ng, offloader.num_device_blocks), dtype=np.int32)
-        # pending job id -> [(group, host rows, device ids)] and whether it is a store
-        self._jobs: dict[int, tuple[bool, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
+        self._store_reading = np.zeros((ng, nd), dtype=np.int32)  # device blocks pending stores read
+        # device blocks pending loads write, per load lane
+        self._writing = {lane: np.zeros((ng, nd), dtype=np.int32) for lane in _LOAD_LANES}
+        # pending job id -> its lane and [(group, host rows, device ids)]
+        self._jobs: dict[int, tuple[str, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
 
     def _where(self, row: int, g: int) -> str:
         return f"host block {row // self.factor} (sub-block {row % self.factor}, group {g})"
 
-    def _pending_load(self, related: list[int], rows: np.ndarray, device: bool) -> int:
-        """A pending load that reads one of ``rows`` (device=False) or writes one of them."""
-        for job_id, (is_store, parts) in self._jobs.items():
-            if is_store:
+    def _pending(self, lanes: tuple[str, ...], related: list[int], ids: np.ndarray,
+                 device: bool) -> int:
+        """A pending job of ``lanes`` whose host rows (device=False) or device blocks include one of ``ids``."""
+        for job_id, (lane, parts) in self._jobs.items():
+            if lane not in lanes:
                 continue
             for g, host, dev in parts:
-                if g in related and np.intersect1d(dev if device else host, rows).size:
+                if g in related and np.intersect1d(dev if device else host, ids).size:
                     return job_id
         raise AssertionError("the tracker's counts and its jobs disagree")
 
-    def _refuse_store_over_load(self, job_id: int, g: int, h: int, ids: np.ndarray,
-                                busy: np.ndarray, device: bool) -> None:
-        """A store of group ``g`` may not write host rows ``ids`` (device=False)
-        that a pending load of group ``h`` reads, nor read device blocks ``ids``
-        that one writes; ``busy`` marks the ids a pending load of ``h`` uses."""
+    def _first_hit(self, busy: np.ndarray, ids: np.ndarray, h: int, lanes: tuple[str, ...],
+                   device: bool) -> tuple[int, int] | None:
+        """The first of ``ids`` that ``busy`` marks, and the pending job of ``lanes`` (group ``h``) that uses it."""
         hit = np.flatnonzero(busy)
         if not hit.size:
-            return
-        first = int(ids[hit[0]])
-        other = self._pending_load([h], ids[hit[:1]], device=device)
-        if device:
+            return None
+        return int(ids[hit[0]]), self._pending(lanes, [h], ids[hit[:1]], device=device)
+
+    def _refuse_store(self, job_id: int, g: int, h: int, host: np.ndarray,
+                      dev: np.ndarray) -> None:
+        """A store of group ``g`` may not write host rows that a pending load of
+        group ``h`` reads, nor read device blocks that one writes."""
+        found = self._first_hit(self._reading[h, host] > 0, host, h, _LOAD_LANES, device=False)
+        if found:
+            row, other = found
             raise ValueError(
-                f"checked mode: store job {job_id} reads device block {first} "
-                f"(group {g}), which load job {other} is still writing (not yet "
-                "reported finished by get_finished() nor waited for); the store would save a "
-                f"half-loaded block. Store after job {other} is reported")
-        raise ValueError(
-            f"checked mode: store job {job_id} writes {self._where(first, g)}, "
-            f"which load job {other} still reads (not yet reported finished by "
-            "get_finished() nor waited for); the load would copy a mix of old and new data. "
-            f"Store after job {other} is reported")
+                f"checked mode: store job {job_id} writes {self._where(row, g)}, "
+                f"which load job {other} still reads {_NOT_SEEN}; the load would copy a mix "
+                f"of old and new data. Store after job {other} is reported")
+        writing = sum(self._writing[lane][h, dev] for lane in _LOAD_LANES)
+        found = self._first_hit(writing > 0, dev, h, _LOAD_LANES, device=True)
+        if found:
+            block, other = found
+            raise ValueError(
+                f"checked mode: store job {job_id} reads device block {block} "
+                f"(group {g}), which load job {other} is still writing {_NOT_SEEN}; the "
+                f"store would save a half-loaded block. Store after job {other} is reported")
+
+    def _refuse_load(self, job_id: int, lane: str, g: int, h: int, host: np.ndarray,
+                     dev: np.ndarray) -> None:
+        """A load of group ``g`` may not read host rows that a pending store of
+        group ``h`` writes, nor write device blocks that one reads or that a
+        pending load of the other load lane writes."""
+        hit = np.flatnonzero(self._storing[h, host] != _EMPTY)
+        if hit.size:
+            row = int(host[hit[0]])
+            other = int(self._storing[h, row])
+            raise ValueError(
+                f"checked mode: load job {job_id} reads {self._where(row, g)}, "
+                f"whose store job {other} has not been reported "
+                "finished by get_finished() nor waited for; jobs of different lanes are not "
+                "ordered, so the load may copy the block before the store has "
+                f"written it. Load after job {other} is reported")
+        found = self._first_hit(self._store_reading[h, dev] > 0, dev, h, ("store",), device=True)
+        if found:
+            block, other = found
+            raise ValueError(
+                f"checked mode: load job {job_id} writes device block {block} (group {g}), "
+                f"which store job {other} still reads {_NOT_SEEN}; jobs of different lanes "
+                "are not ordered, so the store may save the loaded bytes instead of the "
+                f"block's. Load after job {other} is reported (wait for it first)")
+        other_lane = "expedited" if lane == "load" else "load"
+        found = self._first_hit(self._writing[other_lane][h, dev] > 0, dev, h, (other_lane,),
+                                device=True)
+        if found:
+            block, other = found
+            raise ValueError(
+                f"checked mode: load job {job_id} writes device block {block} (group {g}), "
+                f"which load job {other} of the {other_lane} lane is still writing "
+                f"{_NOT_SEEN}; loads of different lanes are not ordered, so the block may "
+                f"end up with either's bytes. Load after job {other} is reported")
 
     def admit(self, job: Any) -> None:
         """Checks a job about to be queued and records it; raises ValueError naming the jobs."""
@@ -213,24 +262,12 @@ class OffloaderChecks:
             parts.append((g, host.numpy(), dev.numpy()))
         for g, host, dev in parts:
             related = self._related[g]
-            if is_store:
-                for h in related:
-                    self._refuse_store_over_load(job.job_id, g, h, host, self._reading[h, host] > 0,
-                                                 device=False)
-                    self._refuse_store_over_load(job.job_id, g, h, dev, self._writing[h, dev] > 0,
-                                                 device=True)
-            else:
-                for h in related:
-                    hit = np.flatnonzero(self._storing[h, host] != _EMPTY)
-                    if hit.size:
-                        row = int(host[hit[0]])
-                        raise ValueError(
-                            f"checked mode: load job {job.job_id} reads {self._where(row, g)}, "
-                            f"whose store job {int(self._storing[h, row])} has not been reported "
-                            "finished by get_finished() nor waited for; jobs of different lanes are not "
-                            "ordered, so the load may copy the block before the store has "
-                            f"written it. Load after job {int(self._storing[h, row])} is "
-                            "reported")
+            for h in related:
+                if is_store:
+                    self._refuse_store(job.job_id, g, h, host, dev)
+                else:
+                    self._refuse_load(job.job_id, job.lane, g, h, host, dev)
+            if not is_store:
                 hit = np.flatnonzero(~self._stored[g, host])
                 if hit.size:
                     row = int(host[hit[0]])
@@ -239,14 +276,21 @@ class OffloaderChecks:
                         "holds nothing: no store into it was seen to finish, so the load "
                         "would fill the device blocks with whatever the mirror held (an id "
                         "off by one, or a block never stored?)")
-        for g, host, dev in parts:
-            if is_store:
+        self._count(job, parts, 1)
+        if is_store:
+            for g, host, _ in parts:
                 self._storing[g, host] = job.job_id
                 self._stored[g, host] = False  # in flux until reported
+        self._jobs[job.job_id] = (job.lane, parts)
+
+    def _count(self, job: Any, parts: list[tuple[int, np.ndarray, np.ndarray]], step: int) -> None:
+        """Counts a pending job's reads and writes in (step=1) or out (step=-1)."""
+        for g, host, dev in parts:
+            if job.is_store:
+                np.add.at(self._store_reading[g], dev, step)  # a store may read a block twice
             else:
-                np.add.at(self._reading[g], host, 1)
-                self._writing[g, dev] += 1  # a job's destinations are distinct
-        self._jobs[job.job_id] = (is_store, parts)
+                np.add.at(self._reading[g], host, step)
+                self._writing[job.lane][g, dev] += step  # a job's destinations are distinct
 
     def observed(self, jobs: list[Any]) -> None:
         """Records that ``wait`` returned for ``jobs``: the caller has seen them finish."""
@@ -260,15 +304,13 @@ class OffloaderChecks:
         entry = self._jobs.pop(job.job_id, None)
         if entry is None:
             return
-        is_store, parts = entry
-        for g, host, dev in parts:
-            if is_store:
+        _, parts = entry
+        self._count(job, parts, -1)
+        if job.is_store:
+            for g, host, _ in parts:
                 mine = host[self._storing[g, host] == job.job_id]  # not overwritten by a later store
                 self._storing[g, mine] = _EMPTY
                 self._stored[g, mine] = ok
-            else:
-                np.subtract.at(self._reading[g], host, 1)
-                self._writing[g, dev] -= 1
 
 
 def attach(offloader: Any, check: bool | None) -> OffloaderChecks | None:

@@ -20,7 +20,10 @@
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 #include "core.h"
 #include "op_kernels.h"
@@ -44,28 +47,54 @@ std::string hex(uint64_t address) {
 
 struct Region {
   int64_t id;
-  uint64_t begin;
-  uint64_t end;  // one past the last byte
+  // The bytes, as an offset into the storage and a length: a region follows
+  // its storage, whose memory tensor.resize_ or untyped_storage().resize_
+  // may reallocate, shrink or free (FSDP's resize_(0)) while it stays alive.
+  uint64_t offset;
+  uint64_t length;
   Side side;
   std::string label;
   // Weak: a region never keeps its memory alive, and one whose storage was
   // freed is dropped before the next check (its addresses may be reused).
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  // Where the storage holds the bytes now, as of the last look; begin == end
+  // when it no longer holds them (shrunk below them, or resized to nothing).
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  // The bytes the region covered before its storage last moved or shrank,
+  // to name in a refusal of a copy aimed at them (begin == end: none).
+  uint64_t was_begin = 0;
+  uint64_t was_end = 0;
 };
 
-// The live regions of one side, sorted by begin, with the running maximum of
-// their ends: an interval [a, b) lies inside one region exactly when, among
-// the regions that begin at or before a, the largest end is >= b.
+// Where `storage` holds the bytes [offset, offset + length) of region r now:
+// clipped to its current size, empty when it holds none of them.
+std::pair<uint64_t, uint64_t> current_bytes(const Region& r, const c10::StorageImpl& storage) {
+  const auto base = reinterpret_cast<uint64_t>(storage.data_ptr().get());
+  const auto nbytes = static_cast<uint64_t>(storage.nbytes());
+  if (base == 0 || r.offset >= nbytes) return {0, 0};
+  return {base + r.offset, base + std::min(r.offset + r.length, nbytes)};
+}
+
+// The live regions of one side that hold bytes, sorted by begin, with the
+// running maximum of their ends: an interval [a, b) lies inside one region
+// exactly when, among the regions that begin at or before a, the largest
+// end is >= b.
 struct SideTable {
   std::vector<uint64_t> begin;
   std::vector<uint64_t> max_end;
 };
 
 struct Snapshot {
-  std::vector<Region> regions;
+  std::vector<Region> regions;  // every live region, those that hold bytes by begin first
   SideTable sides[2];
 };
 
+// The table: regions by id, and a snapshot of them that checks read without
+// the lock. Registering and dropping cost O(1) and mark the snapshot stale;
+// the next check rebuilds it once (O(n log n)), so registering n regions
+// costs O(n), not a rebuild each. Each check looks at every region's storage
+// (O(n)): its memory may have moved since the last one.
 class RegionTable {
  public:
   static RegionTable& instance() {
@@ -76,63 +105,86 @@ class RegionTable {
   int64_t add(Region r) {
     std::lock_guard<std::mutex> lock(mutex_);
     r.id = next_id_++;
-    auto regions = live_regions();
-    regions.push_back(std::move(r));
-    const int64_t id = regions.back().id;
-    publish(std::move(regions));
+    const int64_t id = r.id;
+    regions_.emplace(id, std::move(r));
+    ++work_;
+    stale_ = true;
     return id;
   }
 
   bool remove(int64_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto regions = live_regions();
-    const auto it = std::find_if(regions.begin(), regions.end(),
-                                 [&](const Region& r) { return r.id == id; });
-    if (it == regions.end()) return false;
-    regions.erase(it);
-    publish(std::move(regions));
+    ++work_;
+    if (regions_.erase(id) == 0) return false;
+    stale_ = true;
     return true;
   }
 
-  // The current regions, none of whose memory was freed.
+  // The current regions: none whose storage was freed, each where its
+  // storage holds its bytes now.
   std::shared_ptr<const Snapshot> snapshot() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& r : snapshot_->regions) {
-      if (r.storage.expired()) {
-        publish(live_regions());
-        break;
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      ++work_;
+      Region& r = it->second;
+      const auto storage = r.storage.lock();
+      if (!storage) {
+        it = regions_.erase(it);
+        stale_ = true;
+        continue;
       }
+      const auto now = current_bytes(r, *storage);
+      if (now.first != r.begin || now.second != r.end) {
+        if (r.begin != r.end) {
+          r.was_begin = r.begin;
+          r.was_end = r.end;
+        }
+        r.begin = now.first;
+        r.end = now.second;
+        stale_ = true;
+      }
+      ++it;
     }
+    if (stale_) publish();
     return snapshot_;
+  }
+
+  // Region entries the table has visited since the process started: O(n)
+  // for n registrations and one check, whatever their order. For tests.
+  int64_t work() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return work_;
   }
 
  private:
   RegionTable() : snapshot_(std::make_shared<Snapshot>()) {}
 
-  std::vector<Region> live_regions() const {
-    std::vector<Region> out;
-    for (const auto& r : snapshot_->regions) {
-      if (!r.storage.expired()) out.push_back(r);
-    }
-    return out;
-  }
-
-  // Checks read a snapshot without the lock; a change publishes a new one.
-  void publish(std::vector<Region> regions) {
+  void publish() {
     auto next = std::make_shared<Snapshot>();
-    next->regions = std::move(regions);
-    std::sort(next->regions.begin(), next->regions.end(),
-              [](const Region& a, const Region& b) { return a.begin < b.begin; });
+    next->regions.reserve(regions_.size());
+    for (const auto& entry : regions_) next->regions.push_back(entry.second);
+    work_ += static_cast<int64_t>(regions_.size());
+    // Regions that hold bytes first, by begin; then the others, by id.
+    std::sort(next->regions.begin(), next->regions.end(), [](const Region& a, const Region& b) {
+      const bool ha = a.begin != a.end, hb = b.begin != b.end;
+      if (ha != hb) return ha;
+      return ha ? a.begin < b.begin : a.id < b.id;
+    });
     for (const auto& r : next->regions) {
+      if (r.begin == r.end) break;
       auto& t = next->sides[static_cast<int>(r.side)];
       t.begin.push_back(r.begin);
       t.max_end.push_back(t.max_end.empty() ? r.end : std::max(t.max_end.back(), r.end));
     }
     snapshot_ = std::move(next);
+    stale_ = false;
   }
 
   std::mutex mutex_;
   int64_t next_id_ = 1;
+  int64_t work_ = 0;
+  bool stale_ = false;
+  std::unordered_map<int64_t, Region> regions_;
   std::shared_ptr<const Snapshot> snapshot_;
 };
 
@@ -188,12 +240,30 @@ void order_by_address(Spans& s) {
   }
 }
 
+// A note for a descriptor aimed at bytes a region covered before its storage
+// moved or shrank (tensor.resize_, untyped_storage().resize_): memory the
+// allocator may have handed to another tensor since.
+std::string moved_from(uint64_t a, uint64_t bytes, Side side, const Snapshot& snap) {
+  for (const auto& r : snap.regions) {
+    if (r.side != side || r.was_begin == r.was_end) continue;
+    if (a >= r.was_end || a + bytes <= r.was_begin) continue;
+    const std::string now = r.begin == r.end
+                                ? "it holds none of them now"
+                                : "they are at [" + hex(r.begin) + ", " + hex(r.end) + ") now";
+    return "; those bytes were region '" + r.label + "' [" + hex(r.was_begin) + ", " +
+           hex(r.was_end) + ") until its storage was reallocated or shrunk (tensor.resize_, "
+           "untyped_storage().resize_), which may have freed them: " + now +
+           ". Aim the copy at the tensor's current memory (data_ptr() after the resize)";
+  }
+  return "";
+}
+
 void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
                                  uint64_t bytes, Side side, const Snapshot& snap) {
   const Region* nearest = nullptr;
   uint64_t distance = UINT64_MAX;
   for (const auto& r : snap.regions) {
-    if (r.side != side) continue;
+    if (r.side != side || r.begin == r.end) continue;
     // Bytes of the descriptor that fall outside r.
     const uint64_t below = a < r.begin ? std::min(bytes, r.begin - a) : 0;
     const uint64_t above = a + bytes > r.end ? std::min(bytes, a + bytes - r.end) : 0;
@@ -224,6 +294,7 @@ void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
   }
   TORCH_CHECK_VALUE(false, op, " (checked mode): ", name, "[", i, "] = ", hex(a), " (+", bytes,
                     " bytes) is not inside any registered ", side_name(side), " region; ", where,
+                    moved_from(a, bytes, side, snap),
                     ". Register the buffer with torch_kvswap.register_region(tensor), or fix "
                     "the address (an id off by one, or the wrong buffer?)");
 }
@@ -462,17 +533,22 @@ int64_t register_region(const at::Tensor& region, c10::string_view side, c10::st
   // The bytes the tensor's elements span (strides are never negative).
   int64_t last = 0;
   for (const auto d : c10::irange(region.dim())) last += (region.size(d) - 1) * region.stride(d);
-  const uint64_t begin = reinterpret_cast<uint64_t>(region.const_data_ptr());
-  const uint64_t bytes = static_cast<uint64_t>((last + 1) * region.element_size());
-  return RegionTable::instance().add(Region{0, begin, begin + bytes, s, std::string(label),
-                                            region.storage().getWeakStorageImpl()});
+  const auto base = reinterpret_cast<uint64_t>(region.storage().data());
+  const auto begin = reinterpret_cast<uint64_t>(region.const_data_ptr());
+  const auto length = static_cast<uint64_t>((last + 1) * region.element_size());
+  return RegionTable::instance().add(Region{0, begin - base, length, s, std::string(label),
+                                            region.storage().getWeakStorageImpl(), begin,
+                                            begin + length});
 }
 
 bool unregister_region(int64_t id) { return RegionTable::instance().remove(id); }
 
+int64_t region_table_work() { return RegionTable::instance().work(); }
+
 std::vector<std::string> region_labels() {
   std::vector<std::string> out;
   for (const auto& r : RegionTable::instance().snapshot()->regions) {
+    if (r.begin == r.end) break;  // the rest hold no bytes
     out.push_back(std::string(side_name(r.side)) + ":" + r.label);
   }
   return out;

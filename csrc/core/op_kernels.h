@@ -48,6 +48,7 @@ bool get_checked_mode();
 int64_t register_region(const at::Tensor& region, c10::string_view side, c10::string_view label);
 bool unregister_region(int64_t id);
 std::vector<std::string> region_labels();
+int64_t region_table_work();
 
 }  // namespace core
 }  // namespace kvswap

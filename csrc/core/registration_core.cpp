@@ -48,6 +48,7 @@ TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
   m.impl("_register_region", &kvswap::core::register_region);
   m.impl("_unregister_region", &kvswap::core::unregister_region);
   m.impl("_region_labels", &kvswap::core::region_labels);
+  m.impl("_region_table_work", &kvswap::core::region_table_work);
   m.impl("_set_checked", &kvswap::core::set_checked_mode);
   m.impl("_get_checked", &kvswap::core::get_checked_mode);
 }

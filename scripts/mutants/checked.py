@@ -2,6 +2,8 @@
 
 _OPS = ["tests/test_checked.py"]
 _OFF = ["tests/test_checked_offloader.py"]
+_REGIONS = ["tests/test_checked_regions.py"]
+_HAZARDS = ["tests/test_checked_hazards.py"]
 _LARGE = ["tests/test_checked.py::test_large_calls_in_any_order_get_the_reference_verdict"]
 _CPP = "csrc/core/checked.cpp"
 _PY = "torch_kvswap/_checked.py"
@@ -50,11 +52,32 @@ MUTANTS = [
     dict(
         name="checked-freed-region-kept",
         file=_CPP,
-        where="RegionTable::live_regions",
-        find="      if (!r.storage.expired()) out.push_back(r);",
-        replace="      out.push_back(r);",
+        where="RegionTable::snapshot",
+        find="        it = regions_.erase(it);\n        stale_ = true;\n        continue;",
+        replace="        ++it;\n        continue;",
         tests=_OPS,
         why="a region whose memory was freed must be dropped: the addresses may be reused",
+    ),
+    dict(
+        name="checked-resized-region-keeps-its-old-bytes",
+        file=_CPP,
+        where="RegionTable::snapshot",
+        find="      const auto now = current_bytes(r, *storage);",
+        replace="      const auto now = r.begin != r.end ? std::make_pair(r.begin, r.end)\n"
+                "                                        : current_bytes(r, *storage);",
+        tests=_REGIONS,
+        why="a storage reallocated or freed by resize_ (FSDP's resize_(0)) leaves its old bytes "
+            "to the allocator: a region must not vouch for them",
+    ),
+    dict(
+        name="checked-region-table-rebuilt-per-registration",
+        file=_CPP,
+        where="RegionTable::add",
+        find="    stale_ = true;\n    return id;",
+        replace="    publish();\n    return id;",
+        tests=_REGIONS,
+        why="rebuilding the table at each registration makes building an offloader quadratic "
+            "in its cache tensors",
     ),
     dict(
         name="checked-offloader-caches-registered-as-host",
@@ -171,7 +194,7 @@ MUTANTS = [
     dict(
         name="checked-load-racing-its-store-allowed",
         file=_PY,
-        where="OffloaderChecks.admit",
+        where="OffloaderChecks._refuse_load",
         find="hit = np.flatnonzero(self._storing[h, host] != _EMPTY)",
         replace="hit = np.flatnonzero(self._storing[h, host] == -2)",
         tests=_OFF,
@@ -180,7 +203,7 @@ MUTANTS = [
     dict(
         name="checked-store-over-pending-load-allowed",
         file=_PY,
-        where="OffloaderChecks.admit",
+        where="OffloaderChecks._refuse_store",
         find="self._reading[h, host] > 0,",
         replace="self._reading[h, host] > 1,",
         tests=_OFF,
@@ -189,11 +212,31 @@ MUTANTS = [
     dict(
         name="checked-store-of-blocks-being-loaded-allowed",
         file=_PY,
-        where="OffloaderChecks.admit",
-        find="self._writing[h, dev] > 0,",
-        replace="self._writing[h, dev] > 1,",
+        where="OffloaderChecks._refuse_store",
+        find="found = self._first_hit(writing > 0, dev,",
+        replace="found = self._first_hit(writing > 1, dev,",
         tests=_OFF,
         why="a store of device blocks a pending load writes saves half-loaded blocks",
+    ),
+    dict(
+        name="checked-load-over-pending-store-allowed",
+        file=_PY,
+        where="OffloaderChecks._refuse_load",
+        find="found = self._first_hit(self._store_reading[h, dev] > 0,",
+        replace="found = self._first_hit(self._store_reading[h, dev] > 1,",
+        tests=_HAZARDS,
+        why="a load into device blocks a pending store reads may run first (the lanes are not "
+            "ordered): the store saves the loaded bytes",
+    ),
+    dict(
+        name="checked-loads-of-two-lanes-allowed",
+        file=_PY,
+        where="OffloaderChecks._refuse_load",
+        find='other_lane = "expedited" if lane == "load" else "load"',
+        replace='other_lane = "expedited" if lane == "expedited" else "load"',
+        tests=_HAZARDS,
+        why="an ordinary and an expedited load of one device block race: it ends up with "
+            "either's bytes",
     ),
     dict(
         name="checked-reported-store-not-marked-stored",
