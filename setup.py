@@ -23,13 +23,16 @@ extensions, detected at build time without needing the hardware:
   ``KVSWAP_BUILD_FAKES=1``; never into a wheel.
 
 An engine that was detected but fails to compile is left out with its reason
-(the host engine and forced engines fail the build instead). Every build starts
+(the host engine and forced engines fail the build instead). A build starts
 by printing what it will compile (each engine, the CUDA architectures, a rough
-duration) and ends with one line per engine: built, or not built with the
-reason and how to enable it; the same facts, with each built extension's file
-name, are written to ``torch_kvswap/_build_info.json``, which ``python -m
+duration), prints a line as each extension starts and ends with its elapsed
+time, and ends with one line per engine: built, or not built with the reason
+and how to enable it; an in-place rebuild with nothing newer than the built
+files prints one line instead. The same facts, with each built extension's
+file name, are written to ``torch_kvswap/_build_info.json``, which ``python -m
 torch_kvswap`` reports and the import checks against the running torch. pip
-shows both only with ``-v``. A build that is not in place (a wheel, ``pip
+shows the build's output only with ``-v`` (``pip install -v
+--no-build-isolation .``). A build that is not in place (a wheel, ``pip
 install``) holds only the extension files it wrote itself. Compiler command
 lines are shown only when a build fails, or with ``KVSWAP_VERBOSE_BUILD=1``.
 
@@ -125,6 +128,13 @@ def _rel(paths: list[Path]) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in paths]
 
 
+def _headers(*folders: Path) -> list[str]:
+    """The headers of these folders, as an extension's ``depends``: an
+    in-place rebuild skips an extension whose file is newer than its sources
+    and these (setup_helpers/build_command.py, ``BuildWithSummary.stale``)."""
+    return _rel(sorted(h for folder in folders for h in folder.glob("*.h")))
+
+
 def _torch_parallel_backend_is_openmp() -> bool:
     """True when torch's at::parallel_for is OpenMP (ATen/Config.h says so)."""
     from torch.utils.cpp_extension import include_paths
@@ -147,7 +157,8 @@ def core_extension():
     # process keeps one OpenMP runtime and one set of threads.
     openmp = ["-fopenmp"] if _torch_parallel_backend_is_openmp() else []
     return CppExtension("torch_kvswap._C", _rel(sources), extra_compile_args={"cxx": STRICT_CXX + openmp},
-                        extra_link_args=openmp, py_limited_api=False)
+                        extra_link_args=openmp, py_limited_api=False,
+                        depends=_headers(CSRC, CSRC / "core", CSRC / "host"))
 
 
 def cuda_extension(decision: Decision):
@@ -158,6 +169,7 @@ def cuda_extension(decision: Decision):
     sources = [CSRC / "cuda" / "cuda_engine.cpp", CSRC / "cuda" / "cuda_api_real.cpp",
                CSRC / "cuda" / "copy_kernel.cu"]
     return CUDAExtension("torch_kvswap._C_cuda", _rel(sources), optional=not decision.forced,
+                         depends=_headers(CSRC, CSRC / "cuda"),
                          extra_compile_args={"cxx": STRICT_CXX,
                                              "nvcc": ["-O3", "-Xcompiler", "-fvisibility=hidden"]})
 
@@ -180,7 +192,7 @@ def npu_extension(decision: Decision, npu_root: Path):
     link_torch_npu = ["-Wl,--as-needed", f"-L{npu_root / 'lib'}", "-ltorch_npu", "-Wl,--no-as-needed"]
     return CppExtension("torch_kvswap._C_npu", _rel(sorted((CSRC / "ascend").glob("*.cpp"))),
                         include_dirs=[str(include), str(include / "third_party" / "acl" / "inc")],
-                        libraries=["dl"], optional=not decision.forced,
+                        libraries=["dl"], optional=not decision.forced, depends=_headers(CSRC, CSRC / "ascend"),
                         extra_compile_args={"cxx": STRICT_CXX}, extra_link_args=link_torch_npu)
 
 
@@ -192,7 +204,9 @@ def fake_cuda_extension(include: str):
     sources = [fakes / "engine_under_test.cpp", fakes / "fake_cuda_runtime.cpp",
                fakes / "fake_cuda_module.cpp"]
     coverage = ["--coverage"] if flag("KVSWAP_FAKE_COVERAGE") else []
-    return CppExtension("torch_kvswap._fake_cuda", _rel(sources), include_dirs=[include],
+    # engine_under_test.cpp includes csrc/cuda/cuda_engine.cpp.
+    depends = _headers(CSRC, CSRC / "cuda", fakes) + _rel([CSRC / "cuda" / "cuda_engine.cpp"])
+    return CppExtension("torch_kvswap._fake_cuda", _rel(sources), include_dirs=[include], depends=depends,
                         extra_compile_args={"cxx": [f for f in STRICT_CXX if f != "-O3"] + ["-O2"] + coverage},
                         extra_link_args=coverage)
 

@@ -7,6 +7,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON_BIN="${PYTHON:-python3}"
 
+# took START: the time since START (a $SECONDS reading), as "42 s" or
+# "3 min 05 s", so each setup step ends with how long it took.
+took() {
+  local s=$((SECONDS - $1))
+  if [ "$s" -ge 60 ]; then printf '%d min %02d s' $((s / 60)) $((s % 60)); else printf '%d s' "$s"; fi
+}
+
 # ensure_venv DIR REQUIREMENTS [PIP_ARGS...]: creates the venv DIR if it is
 # missing and installs REQUIREMENTS into it (with PIP_ARGS) whenever that
 # file changed since the last install (one stamp per requirements file, so
@@ -14,18 +21,22 @@ PYTHON_BIN="${PYTHON:-python3}"
 ensure_venv() {
   local dir="$1" requirements="$2"
   shift 2
+  local start=$SECONDS
   if [ ! -x "$dir/bin/python" ]; then
-    echo "[env] creating $dir"
+    echo "[env] creating the virtual environment $dir ..."
     "$PYTHON_BIN" -m venv "$dir"
+    echo "[env] created $dir in $(took $start)"
   fi
   PY="$dir/bin/python"
   local stamp="$dir/.kvswap-$(basename "$requirements")" want
   want="$(sha256sum "$requirements" | cut -d' ' -f1)"
   if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    echo "[env] installing $requirements into $dir"
+    start=$SECONDS
+    echo "[env] installing $requirements into $dir with pip (torch among them: minutes the first time) ..."
     "$PY" -m pip install --quiet --upgrade pip
     "$PY" -m pip install --quiet "$@" -r "$requirements"
     echo "$want" > "$stamp"
+    echo "[env] installed $requirements in $(took $start)"
   fi
 }
 
@@ -46,8 +57,10 @@ put_on_path() {
 build_in_place() {
   local tree="${2:-$ROOT}"
   put_on_path "$1" "$tree"
-  echo "[env] building torch_kvswap in $tree"
+  local start=$SECONDS
+  echo "[env] building torch_kvswap in $tree (setup.py build_ext --inplace) ..."
   (cd "$tree" && "$1" setup.py --quiet build_ext --inplace)
+  echo "[env] build step done in $(took $start)"
 }
 
 # copy_tree NAME: a copy of the tree's tracked and new files in build/NAME,

@@ -8,7 +8,8 @@ so a wheel can be built from it.
   the ``KVSWAP_BUILD_*`` switches) and which engines it builds from them; no
   torch import, so the decisions are tested with facts filled in by hand.
 * ``build_command``: the ``build_ext`` command, quiet, printing what it will
-  compile first and one line per engine last, and writing
+  compile first, a line as each extension starts and ends, and one line per
+  engine last (one line only when nothing is stale), and writing
   ``torch_kvswap/_build_info.json``; it imports torch's extension builder, so
   setup.py imports it only after checking the torch it found.
 

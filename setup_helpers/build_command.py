@@ -1,14 +1,18 @@
 """setup.py's ``build_ext``: torch's BuildExtension, quiet, saying what it
-will compile first and one line per engine last, and writing the build record
-``torch_kvswap/_build_info.json``. Imports torch's extension builder: setup.py
-imports this module only once it has checked the torch it found."""
+will compile first (nothing when every extension is up to date), one line as
+each extension starts and ends with its elapsed time, and one line per engine
+last; it writes the build record ``torch_kvswap/_build_info.json``. Imports
+torch's extension builder: setup.py imports this module only once it has
+checked the torch it found."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
@@ -26,20 +30,21 @@ from .engines import FAKES_ENABLE, Engine
 #: minutes. More cores cut them; other work on the machine stretches them.
 ROUGH_MINUTES = {"host": (2, 5), "cuda": (1, 2), "npu": (1, 2), "fake_cuda": (1, 3)}
 
+LABELS = {"host": "host engine (_C)", "cuda": "CUDA engine (_C_cuda)", "npu": "Ascend engine (_C_npu)",
+          "fake_cuda": "test fake (_fake_cuda)"}
+
 
 def plan_lines(torch_version: str, engines: list[Engine], selected: set[str], arch_list: str | None) -> list[str]:
     """What the build is about to compile, each engine with a rough duration,
     printed before the compiler starts (the CUDA engine takes minutes per
     architecture). pip shows it with -v only."""
-    names = {"host": "host engine (_C)", "cuda": "CUDA engine (_C_cuda)", "npu": "Ascend engine (_C_npu)",
-             "fake_cuda": "test fake (_fake_cuda)"}
     low = high = 0
     lines = []
     for e in engines:
         if not (e.decision.build and e.module in selected):
             continue
         lo, hi = ROUGH_MINUTES[e.key]
-        what = names[e.key]
+        what = LABELS[e.key]
         if e.key == "cuda" and arch_list:
             n = len([a for a in arch_list.split(";") if a])
             lo, hi = lo * n, hi * n
@@ -53,6 +58,32 @@ def plan_lines(torch_version: str, engines: list[Engine], selected: set[str], ar
     cpus = os.cpu_count() or 1
     return [f"torch_kvswap: building against torch {torch_version}; from scratch about {low}-{high} min on 2 "
             f"CPUs (this machine has {cpus}), a rebuild compiles only what changed:", *lines]
+
+
+def is_stale(target: Path, sources: list[str]) -> bool:
+    """Whether an extension file is older than its sources: it is missing, or
+    a source or declared dependency is missing or newer (the rule of
+    setuptools' ``newer_group``)."""
+    if not target.exists():
+        return True
+    built = target.stat().st_mtime
+    return any(not os.path.exists(s) or os.stat(s).st_mtime > built for s in sources)
+
+
+def fingerprint(ext, torch_version: str) -> str:
+    """What an extension's build depends on besides its files: the torch it
+    compiles against, its sources and every flag (ninja would recompile on a
+    changed command line; a skipped extension must not miss one)."""
+    fields = [torch_version, os.environ.get("TORCH_CUDA_ARCH_LIST"), ext.sources, ext.depends, ext.include_dirs,
+              ext.define_macros, ext.extra_compile_args, ext.extra_link_args, ext.libraries, ext.library_dirs]
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def elapsed(seconds: float) -> str:
+    """A duration as a person reads it: '8.2 s', '3 min 05 s'."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{int(seconds) // 60} min {int(seconds) % 60:02d} s"
 
 
 def extension_files(package_dir: Path) -> list[Path]:
@@ -78,22 +109,23 @@ def remove_stale_extensions(package_dir: Path, keep: set[str]) -> list[str]:
 def captured_output(log_path: Path, verbose: bool):
     """Sends the build's stdout/stderr (compiler command lines included) to
     log_path; on failure prints the log's tail and where the whole log is.
+    Yields the stream that still reaches the terminal, for progress lines.
 
     It redirects the file descriptors 1 and 2, not sys.stdout: the compilers
     run in ninja's child processes, which inherit the descriptors and write to
     them directly."""
     if verbose:
-        yield
+        yield sys.stderr
         return
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     ok = False
     try:
-        with open(log_path, "wb") as log:
+        with open(log_path, "wb") as log, os.fdopen(os.dup(saved[1]), "w", buffering=1) as terminal:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
-            yield
+            yield terminal
             ok = True
     finally:
         sys.stdout.flush()
@@ -116,16 +148,55 @@ class BuildWithSummary(BuildExtension):
     #: setup() runs the command.
     engines: ClassVar[list[Engine]] = []
 
+    def stale(self) -> list:
+        """The extensions this run compiles. torch's BuildExtension forces
+        setuptools to build every extension (ninja then recompiles what
+        changed, but every one is linked anew); in place, an extension newer
+        than its sources and built with the same fingerprint is skipped."""
+        if not self.inplace:
+            return list(self.extensions)
+        return [e for e in self.extensions
+                if is_stale(Path(self.get_ext_fullpath(e.name)), [*e.sources, *e.depends])
+                or not self.stamp(e).is_file() or self.stamp(e).read_text() != self.fingerprints[e.name]]
+
+    def stamp(self, ext) -> Path:
+        """Where the fingerprint of an extension's last build is kept."""
+        return Path(self.build_temp) / f"{ext.name}.fingerprint"
+
+    def label(self, ext) -> str:
+        return next((LABELS[e.key] for e in self.engines if e.module == ext.name), ext.name)
+
     def build_extension(self, ext):
+        if ext not in self.to_build:
+            return None  # up to date: not even linked anew
+        self.stamp(ext).unlink(missing_ok=True)
+        label = self.label(ext)
+        print(f"torch_kvswap: compiling the {label} ...", file=self.progress)
+        start = time.monotonic()
         # An engine found by detection that does not compile is left out
         # (setuptools skips copying a missing optional extension); the
         # host engine and forced engines fail the build.
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - reported in the summary
+            print(f"torch_kvswap: the {label} failed after {elapsed(time.monotonic() - start)}", file=self.progress)
             if not getattr(ext, "optional", False):
                 raise
             self.failed[ext.name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            return
+        self.stamp(ext).parent.mkdir(parents=True, exist_ok=True)
+        self.stamp(ext).write_text(self.fingerprints[ext.name])
+        print(f"torch_kvswap: the {label} compiled in {elapsed(time.monotonic() - start)}", file=self.progress)
+
+    def opening_lines(self) -> list[str]:
+        """What this run will compile with rough durations, or one line saying
+        that nothing is stale (no banner for a rebuild that compiles nothing)."""
+        if self.to_build:
+            return plan_lines(torch.__version__, self.engines, {e.name for e in self.to_build},
+                              os.environ.get("TORCH_CUDA_ARCH_LIST"))
+        up_to_date = ", ".join(self.label(e) for e in self.extensions)
+        return [f"torch_kvswap: nothing to compile, each extension is newer than its sources: {up_to_date} "
+                f"(torch {torch.__version__})"]
 
     def run(self):
         if not self.inplace:
@@ -137,10 +208,12 @@ class BuildWithSummary(BuildExtension):
             self.force = True
         built = {e.name for e in self.extensions}
         self.failed: dict[str, str] = {}  # extension name -> why it did not compile
-        for line in plan_lines(torch.__version__, self.engines, built, os.environ.get("TORCH_CUDA_ARCH_LIST")):
-            print(line, file=sys.stderr, flush=True)
+        # Before torch's builder adds its flags to each extension.
+        self.fingerprints = {e.name: fingerprint(e, torch.__version__) for e in self.extensions}
+        self.to_build = self.stale()
+        print("\n".join(self.opening_lines()), file=sys.stderr, flush=True)
         log = Path(tempfile.mkstemp(prefix="torch_kvswap-build-", suffix=".log")[1])
-        with captured_output(log, bool(flag("KVSWAP_VERBOSE_BUILD"))):
+        with captured_output(log, bool(flag("KVSWAP_VERBOSE_BUILD"))) as self.progress:
             super().run()
         warnings = [line for line in log.read_text(errors="replace").splitlines()
                     if "warning:" in line] if log.exists() else []
@@ -154,8 +227,9 @@ class BuildWithSummary(BuildExtension):
                                                   for e in self.extensions if e.name not in self.failed})
         info = self.build_info(built)
         (package_dir / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-        for line in summary_lines(info):
-            print(line, file=sys.stderr)
+        if self.to_build:
+            for line in summary_lines(info):
+                print(line, file=sys.stderr)
         if warnings or self.failed:
             print(f"torch_kvswap: {len(warnings)} compiler warning(s); the whole build log is {log}",
                   file=sys.stderr)

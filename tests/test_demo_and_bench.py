@@ -121,46 +121,7 @@ def test_engine_for_a_device_is_the_one_the_dispatcher_holds_a_kernel_of():
     assert _loader.engine_for("meta") is None
 
 
-# ---------------------------------------------------------------- demo arguments
-
-
-@pytest.mark.parametrize("argv, option, expected", [
-    (["--offload-fraction", "1.5"], "--offload-fraction", "a fraction in (0, 1], got 1.5"),
-    (["--offload-fraction", "0"], "--offload-fraction", "a fraction in (0, 1], got 0"),
-    (["--layers", "0"], "--layers", "an integer >= 1, got 0"),
-    (["--kv-heads", "-2"], "--kv-heads", "an integer >= 1, got -2"),
-    (["--head-dim", "0"], "--head-dim", "an integer >= 1, got 0"),
-    (["--block-tokens", "0"], "--block-tokens", "an integer >= 1, got 0"),
-    (["--cache-gib", "0"], "--cache-gib", "a finite number > 0, got 0"),
-    (["--cache-gib", "nan"], "--cache-gib", "a finite number > 0, got nan"),
-    (["--factor", "0"], "--factor", "an integer >= 1, got 0"),
-    (["--jobs", "0"], "--jobs", "an integer >= 1, got 0"),
-    (["--seed", "-1"], "--seed", "an integer >= 0, got -1"),
-    (["--jobs", "two"], "--jobs", "an integer >= 1, got two"),
-    (["--cache-gib", "inf"], "--cache-gib", "a finite number > 0, got inf"),
-])
-def test_a_demo_option_out_of_range_is_an_argument_error(capsys, argv, option, expected):
-    with pytest.raises(SystemExit) as exit_:
-        demo.parse_args(argv)
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert f"argument {option}: expected {expected}" in err and err.startswith("usage:"), err
-
-
-def test_more_jobs_than_host_blocks_is_an_argument_error_naming_the_options(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        demo.parse_args(["--cache-gib", "0.001", "--layers", "2", "--jobs", "64"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "--jobs 64 needs at least 64 host blocks to offload, got 2" in err, err
-
-
-def test_the_demo_refuses_a_fraction_above_one_before_building_anything():
-    proc = subprocess.run([sys.executable, "-m", "torch_kvswap.bench.demo", "--offload-fraction", "1.5"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc
-    assert proc.stdout == ""  # nothing built, nothing printed
-    assert "argument --offload-fraction: expected a fraction in (0, 1], got 1.5" in proc.stderr
+# ---------------------------------------------------------------- help (the demo's options: test_demo_usage.py)
 
 
 @pytest.mark.parametrize("module", [demo, bench])

@@ -420,6 +420,127 @@ def test_the_build_says_what_it_will_compile_with_the_architectures_and_a_durati
     assert one[2] == f"  CUDA engine (_C_cuda) for 1 architecture(s), 9.0: about {arch_lo}-{arch_hi} min"
 
 
+# ---------------------------------------------------------------- what the build says as it goes
+
+
+def test_an_extension_is_stale_when_its_file_is_missing_or_older_than_a_source(tmp_path):
+    target, source = tmp_path / "_C.so", tmp_path / "core.h"
+    source.write_text("x")
+    assert build_command.is_stale(target, [str(source)])  # never built
+    target.write_text("x")
+    os.utime(source, (1000, 1000))
+    os.utime(target, (1000, 1000))
+    assert not build_command.is_stale(target, [str(source)])  # same time: setuptools' newer_group skips it
+    os.utime(source, (1001, 1001))
+    assert build_command.is_stale(target, [str(source)])
+    assert build_command.is_stale(target, [str(tmp_path / "gone.h")])  # a missing source counts as newer
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0.0 s"), (8.24, "8.2 s"), (59.94, "59.9 s"), (60, "1 min 00 s"),
+                                           (185.9, "3 min 05 s"), (3600, "60 min 00 s")])
+def test_elapsed_times_read_in_seconds_then_minutes(seconds, text):
+    assert build_command.elapsed(seconds) == text
+
+
+def _included(path: Path) -> set[Path]:
+    """Every file of the tree that `path` includes with quotes, transitively
+    (a quoted include is looked for beside the file that names it first)."""
+    found: set[Path] = set()
+    todo = [path]
+    while todo:
+        current = todo.pop()
+        for name in re.findall(r'^#include "([^"]+)"', current.read_text(), re.M):
+            dep = (current.parent / name).resolve()
+            if dep.is_file() and dep not in found:
+                found.add(dep)
+                todo.append(dep)
+    return found
+
+
+@pytest.mark.parametrize("make", ["core", "npu", "fake_cuda"])
+def test_every_file_an_extension_includes_is_a_dependency_so_changing_it_rebuilds(make):
+    ext = {"core": lambda: setup_py.core_extension(),
+           "npu": lambda: setup_py.npu_extension(build_engines.Decision(True), Path("/opt/torch_npu")),
+           "fake_cuda": lambda: setup_py.fake_cuda_extension("/usr/local/cuda/include")}[make]()
+    declared = {(ROOT / f).resolve() for f in [*ext.sources, *ext.depends]}
+    included = set().union(*(_included(ROOT / f) for f in ext.sources))
+    assert included and included <= declared, sorted(map(str, included - declared))
+
+
+TINY_SETUP = """
+import os
+import sys
+sys.path.insert(0, {root!r})
+from setuptools import Extension, setup
+from setup_helpers.build_command import BuildWithSummary
+from setup_helpers.engines import Decision, Engine
+
+ext = Extension("torch_kvswap._C", ["tiny.cpp"], depends=["tiny.h"], language="c++",
+                extra_compile_args=os.environ.get("TINY_FLAGS", "").split())
+BuildWithSummary.engines = [Engine("host", "torch_kvswap._C", Decision(True, forced=True), ext)]
+setup(name="tiny", ext_modules=[ext], cmdclass={{"build_ext": BuildWithSummary}})
+"""
+
+
+def _build_in_place(tree: Path, **extra_env: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "KVSWAP_VERBOSE_BUILD"} | extra_env
+    proc = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_build(tmp_path_factory) -> tuple[Path, str]:
+    """A project of one small extension built in place by the package's build
+    command, and what that first build printed."""
+    tree = tmp_path_factory.mktemp("tiny")
+    (tree / "torch_kvswap").mkdir()
+    (tree / "setup.py").write_text(TINY_SETUP.format(root=str(ROOT)))
+    (tree / "tiny.h").write_text("#define TINY 1\n")
+    (tree / "tiny.cpp").write_text('#include "tiny.h"\nint tiny() { return TINY; }\n')
+    return tree, _build_in_place(tree)
+
+
+def _so(tree: Path) -> Path:
+    return next((tree / "torch_kvswap").glob("_C*.so"))
+
+
+def test_a_build_says_as_each_extension_starts_and_ends_with_its_elapsed_time(tiny_build):
+    lines = tiny_build[1].splitlines()
+    assert lines[0].startswith("torch_kvswap: building against torch "), lines
+    start = lines.index("torch_kvswap: compiling the host engine (_C) ...")
+    end = next(i for i, line in enumerate(lines)
+               if re.fullmatch(r"torch_kvswap: the host engine \(_C\) compiled in \d+\.\d s", line))
+    assert start < end < lines.index(f"torch_kvswap: built against torch {torch.__version__}"), lines
+
+
+def test_a_rebuild_that_compiles_nothing_prints_no_banner(tiny_build):
+    tree = tiny_build[0]
+    _build_in_place(tree)  # whatever an earlier test changed
+    built = _so(tree).stat().st_mtime_ns
+    out = _build_in_place(tree)
+    assert out == ("torch_kvswap: nothing to compile, each extension is newer than its sources: host engine (_C) "
+                   f"(torch {torch.__version__})\n"), out
+    assert _so(tree).stat().st_mtime_ns == built  # not even linked anew
+
+
+def test_a_changed_header_rebuilds_its_extension(tiny_build):
+    tree = tiny_build[0]
+    later = _so(tree).stat().st_mtime + 5
+    os.utime(tree / "tiny.h", (later, later))
+    out = _build_in_place(tree)
+    assert "torch_kvswap: compiling the host engine (_C) ..." in out and "from scratch" in out, out
+    assert _so(tree).stat().st_mtime >= later - 5
+
+
+def test_changed_compiler_flags_rebuild_an_extension_newer_than_its_sources(tiny_build):
+    tree = tiny_build[0]
+    out = _build_in_place(tree, TINY_FLAGS="-DTINY_VARIANT=2")
+    assert "torch_kvswap: compiling the host engine (_C) ..." in out, out
+    assert "nothing to compile" in _build_in_place(tree, TINY_FLAGS="-DTINY_VARIANT=2")
+
+
 # ---------------------------------------------------------------- nothing stale installed
 
 

@@ -13,6 +13,7 @@ the bytes, the throughput and the per-job times reported by ``get_finished()``.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass
 
@@ -56,7 +57,7 @@ def number(kind: type, accepts, expected: str):
 
 
 positive_int = number(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = number(int, lambda v: v >= 0, "an integer >= 0")
+seed_int = number(int, lambda v: 0 <= v < 2**64, "an integer in [0, 2**64)")  # torch's generator's range
 positive_float = number(float, lambda v: 0 < v < float("inf"), "a finite number > 0")
 fraction = number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 
@@ -71,27 +72,145 @@ class Plan:
     host_blocks: int
     shape: tuple[int, ...]  # of one K or V tensor
     tensors: int  # 2 per layer
+    factor: int
 
     @property
     def bytes_per_block_all_layers(self) -> int:
         return self.per_block * self.tensors
 
+    @property
+    def cache_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block_all_layers
+
+    def host_bytes(self, device: torch.device) -> int:
+        """Host memory the run holds at its peak: the host mirror (with the
+        offloader's page padding, under 4 KiB per tensor plus 4 KiB), the copy
+        of the moved blocks the round trip is checked against, one layer's
+        random contents before they go to the device, and the cache itself
+        when it is on the CPU."""
+        moved = self.host_blocks * self.factor * self.bytes_per_block_all_layers
+        mirror = moved + 4096 * (self.tensors + 1)
+        layer = 2 * self.num_blocks * self.per_block
+        return mirror + moved + layer + (self.cache_bytes if device.type == "cpu" else 0)
+
+
+def gib(n: float, rounding=math.ceil) -> str:
+    """`n` bytes in GiB to 4 significant digits, rounded with `rounding`."""
+    if n <= 0:
+        return "0"
+    scale = 10 ** (3 - math.floor(math.log10(n / 2**30)))
+    return f"{rounding(n / 2**30 * scale) / scale:g}"
+
+
+def blocks_needed(args: argparse.Namespace) -> int:
+    """The fewest device blocks per tensor from which --offload-fraction
+    gives --jobs host blocks of --factor device blocks."""
+    def enough(n: int) -> bool:
+        return int(n * args.offload_fraction) // args.factor >= args.jobs
+
+    n = args.factor * math.ceil(args.jobs / args.offload_fraction)
+    while not enough(n):  # float rounding: one block of --factor more
+        n += args.factor
+    while n > args.factor and enough(n - args.factor):
+        n -= args.factor
+    return n
+
 
 def make_plan(args: argparse.Namespace) -> Plan:
-    """Sizes from the arguments; raises ValueError naming the option when
-    they describe no cache the demo can run on."""
+    """Sizes from the arguments; raises ValueError naming the options when
+    they describe no cache that fits in --cache-gib."""
     per_block = args.block_tokens * args.kv_heads * args.head_dim * getattr(torch, args.dtype).itemsize
     tensors = 2 * args.layers
-    num_blocks = max(args.factor, int(args.cache_gib * 2**30) // (tensors * per_block))
+    num_blocks = int(args.cache_gib * 2**30) // (tensors * per_block)
     num_blocks -= num_blocks % args.factor
     host_blocks = int(num_blocks * args.offload_fraction) // args.factor
     if host_blocks < args.jobs:
+        need = blocks_needed(args)
+        itemsize = getattr(torch, args.dtype).itemsize
         raise ValueError(
-            f"--jobs {args.jobs} needs at least {args.jobs} host blocks to offload, got {host_blocks} "
-            f"({args.offload_fraction:g} of {num_blocks} device blocks of {per_block} bytes per tensor, "
-            f"{args.factor} per host block): raise --cache-gib or --offload-fraction, or lower --jobs")
+            f"--cache-gib {args.cache_gib:g} holds {num_blocks} device blocks in each of {tensors} K/V tensors "
+            f"(--layers {args.layers}) of {per_block}-byte blocks (--block-tokens {args.block_tokens} x "
+            f"--kv-heads {args.kv_heads} x --head-dim {args.head_dim} x {itemsize}-byte {args.dtype}); "
+            f"--jobs {args.jobs} needs {args.jobs} host blocks of --factor {args.factor} device blocks from "
+            f"--offload-fraction {args.offload_fraction:g} of them, so {need} per tensor: raise --cache-gib to "
+            f"at least {gib(need * tensors * per_block)}, or lower --layers, --kv-heads, --head-dim, "
+            f"--block-tokens, --factor or --jobs")
     return Plan(per_block, num_blocks, host_blocks,
-                (num_blocks, args.block_tokens, args.kv_heads, args.head_dim), tensors)
+                (num_blocks, args.block_tokens, args.kv_heads, args.head_dim), tensors, args.factor)
+
+
+def check_memory(args: argparse.Namespace, plan: Plan) -> None:
+    """Raises ValueError naming --cache-gib when the run would need more
+    host or device memory than is free, before anything is allocated."""
+    device = args.device
+    host = "the cache, its host mirror" if device.type == "cpu" else "the cache's host mirror"
+    needs = [(torch.device("cpu"), "host", plan.host_bytes(device), host + " and a copy to check it against")]
+    if device.type != "cpu":
+        needs.append((device, str(device), plan.cache_bytes, "the cache"))
+    for where, name, need, what in needs:
+        free = free_bytes(where)
+        if free is not None and need > free:
+            raise ValueError(
+                f"--cache-gib {args.cache_gib:g} needs {gib(need)} GiB of {name} memory ({what}), and "
+                f"{gib(free, math.floor)} GiB is free: lower --cache-gib to at most about "
+                f"{gib(args.cache_gib * 2**30 * free / need, math.floor)}"
+                + (" or --offload-fraction" if name == "host" else ""))
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on `device`, or None when torch
+    (or, for the CPU, the system) cannot tell."""
+    if device.type == "cpu":
+        return free_host_bytes()
+    mem_get_info = getattr(getattr(torch, device.type, None), "mem_get_info", None)
+    return None if mem_get_info is None else int(mem_get_info(device.index)[0])
+
+
+def free_host_bytes() -> int | None:
+    """MemAvailable, less what the cgroup's memory limit leaves (a container
+    is killed, not refused, past its limit)."""
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        pass
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read())
+        if limit != "max":
+            free = min(int(limit) - used, free if free is not None else int(limit))
+    except (OSError, ValueError):
+        pass
+    return free
+
+
+def accelerator() -> tuple[str, int] | None:
+    """The accelerator torch can use here, as (device type, device count)."""
+    acc = torch.accelerator
+    if not acc.is_available():
+        return None
+    return acc.current_accelerator().type, acc.device_count()
+
+
+def device_option(text: str) -> torch.device:
+    """An argparse type: cpu, or the accelerator torch can use here (its
+    current device, or one by an index below its device count)."""
+    acc = accelerator()
+    accepted = "cpu" if acc is None else f"cpu, {acc[0]} or {acc[0]}:0 to {acc[0]}:{acc[1] - 1}"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is not None and device.type == "cpu":
+        usable = device.index in (None, 0)
+    else:
+        usable = device is not None and acc is not None and device.type == acc[0] \
+            and (device.index is None or device.index < acc[1])
+    if not usable:
+        none = "" if acc is not None else " (torch finds no accelerator here)"
+        raise argparse.ArgumentTypeError(f"expected {accepted}{none}, got {text}")
+    return device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,9 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split each direction into this many offloader jobs")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "int8"],
                    help="element type of the cache")
-    p.add_argument("--device", default=None,
+    p.add_argument("--device", type=device_option, default=None,
                    help="device of the cache, e.g. cuda:1 (default: the current accelerator, else cpu)")
-    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the cache's contents and block ids")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the cache's contents and block ids")
     return p
 
 
@@ -122,14 +241,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     argparse's usage message and exit status 2, before anything is built."""
     p = build_parser()
     args = p.parse_args(argv)
+    args.device = pick_device(args.device)
     try:
         args.plan = make_plan(args)
+        check_memory(args, args.plan)
     except ValueError as exc:
         p.error(str(exc))
     return args
 
 
-def pick_device(name: str | None) -> torch.device:
+def pick_device(name: str | torch.device | None) -> torch.device:
     """`name`, else the current accelerator, else the CPU."""
     if name:
         return torch.device(name)
@@ -175,7 +296,7 @@ def idle_engines(device: torch.device) -> list[str]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     plan = args.plan
-    device = pick_device(args.device)
+    device = args.device
     dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
