@@ -69,6 +69,20 @@ def test_a_buffer_is_its_size_rounded_to_a_page_never_to_a_power_of_two(nbytes):
     assert memory.buffer.data_ptr() % PAGE == 0 and not memory.buffer.any()
 
 
+def mapped_at(address: int) -> bool:
+    """Whether a mapping of this process starts at ``address``."""
+    with open("/proc/self/maps") as f:
+        return any(int(line.split("-", 1)[0], 16) == address for line in f)
+
+
+def test_the_mapping_is_unmapped_when_the_memory_is_dropped_without_a_collection():
+    memory = HostMemory(3 * PAGE, torch.device("cpu"), False)
+    address = memory.buffer.data_ptr()
+    assert mapped_at(address)
+    del memory  # no reference cycle keeps it: gc is not needed
+    assert not mapped_at(address)
+
+
 def test_the_offloaders_mirrors_take_exactly_their_page_rounded_bytes():
     caches_ = {"a": torch.zeros(4, 3, 100, dtype=torch.float16), "b": torch.zeros(4, 7)}
     off = KVCacheOffloader(caches_, 1, 2, num_host_blocks=3)

@@ -138,9 +138,10 @@ class HostMemory:
         self.error: str | None = None
         self._ready = [threading.Event() for _ in self.spans]
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._register_all, name="kvswap-host-register",
-                                        daemon=True)
-        if self.spans:
+        self._thread: threading.Thread | None = None
+        if self.spans:  # a thread holds self until it ends: only one that will end
+            self._thread = threading.Thread(target=self._register_all, name="kvswap-host-register",
+                                            daemon=True)
             self._thread.start()
 
     def _register_all(self) -> None:
@@ -174,6 +175,11 @@ class HostMemory:
                       "aclrtHostRegisterV2)")
         logger.error("kvswap: %s", self.error)
 
+    @property
+    def settled(self) -> bool:
+        """Registration is over and succeeded (or there was none): no job waits."""
+        return (not self._ready or self._ready[-1].is_set()) and self.error is None
+
     def wait(self, spans: Iterable[tuple[int, int]] = ((0, 1 << 62),)) -> None:
         """Blocks until every chunk holding a byte of ``spans`` is registered
         (default: all); raises ``RuntimeError`` if registration failed."""
@@ -189,7 +195,7 @@ class HostMemory:
     def release(self) -> None:
         """Stops registering, then undoes every registration made."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread is not None:
             self._thread.join()
         registered, self.registered = self.registered, []
         unregister_chunks(self.buffer, self.device, registered)

@@ -185,7 +185,7 @@ class KVCacheOffloader(Lanes):
     def _wait_for_mirrors(self, lane: str, src: np.ndarray, dst: np.ndarray) -> None:
         """Blocks until the host rows a job touches are page-locked."""
         host = dst if lane == "store" else src
-        if self.host_memory is not None and len(host):
+        if self.host_memory is not None and not self.host_memory.settled and len(host):
             lo, hi = int(host.min()) * self.factor, (int(host.max()) + 1) * self.factor
             self.host_memory.wait(mirror_spans(self.host_tensors, self._buffer, lo, hi))
 
