@@ -168,7 +168,9 @@ def test_construction_returns_before_registration_ends_and_a_job_waits_for_its_c
     assert waiter.is_alive()  # chunk 1 is not
     r.go.set()
     waiter.join(10)
-    assert not waiter.is_alive() and memory.register_seconds is not None
+    assert not waiter.is_alive()
+    memory.wait()
+    assert memory.register_seconds is not None
     assert memory.waited_seconds > 0
     memory.release()
 
@@ -280,3 +282,29 @@ def test_mbind_to_node_0_succeeds_here_and_refuses_a_bad_node():
     numa.mbind(buffer.data_ptr(), buffer.numel(), 0)
     with pytest.raises(ValueError, match="numa_node must be in 0..1023"):
         numa.mbind(buffer.data_ptr(), buffer.numel(), 1024)
+
+
+# --- the benchmark ------------------------------------------------------------------
+
+
+def test_the_host_memory_bench_reports_ratios_of_medians_against_zeros(tmp_path, capsys, monkeypatch):
+    from torch_kvswap.bench import host_memory as bench
+
+    times = iter([0.4, 0.2, 0.1, 0.3, 0.5, 0.1])  # zeros, ready; zeros, ready; ...
+    monkeypatch.setattr(bench, "timed", lambda fn: (next(times), fn()))
+    rows = bench.ready_rows([1 / 1024], 3, torch.device("cpu"))
+    assert rows == [{"gib": 1 / 1024, "zeros_s": 0.4, "ready_s": 0.2, "ratio": 0.5}]
+
+
+def test_the_host_memory_bench_runs_from_the_command_line(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "hm.json"
+    subprocess.run([sys.executable, "-m", "torch_kvswap.bench", "host-memory", "--gib", "0.001",
+                    "--repeats", "1", "--tensors", "2", "--host-blocks", "8", "--json", str(out)],
+                   check=True, timeout=120, capture_output=True)
+    result = json.loads(out.read_text())
+    assert [r["gib"] for r in result["ready"]] == [0.001]
+    assert [(r["tensors"], r["host_blocks"]) for r in result["construction"]] == [(2, 256), (8, 8)]
