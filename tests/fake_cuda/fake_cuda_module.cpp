@@ -297,6 +297,8 @@ void set_fault(c10::string_view name, int64_t value) {
     f.launch_fail_at = value;
   } else if (name == "host_register_error") {
     f.host_register_error = err;
+  } else if (name == "host_register_max_bytes") {
+    f.host_register_max_bytes = value;
   } else if (name == "runtime_version") {
     f.runtime_version = static_cast<int>(value);
   } else if (name == "driver_version") {
@@ -557,6 +559,7 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("last_error(bool peek) -> str", &last_error);
   m.def("call_log() -> str[]", [] { return fake_cuda::call_log(); });
   m.def("count_calls(str api) -> int", &count_calls);
+  m.def("host_register_bytes() -> int", [] { return fake_cuda::host_register_bytes(); });
   m.def("violations() -> str[]", [] { return fake_cuda::violations(); });
   m.def("launches() -> int[]", &launches);
   m.def("batches() -> int[]", &batches);

@@ -187,6 +187,7 @@ struct World {
   Faults faults;
   int64_t memcpy_calls = 0;
   int64_t launch_calls = 0;
+  int64_t host_register_bytes = 0;
   uint64_t batches_run = 0;  // seeds each batch's order
   int64_t batch_calls = 0;
   cudaError_t sticky = cudaSuccess;
@@ -664,10 +665,14 @@ cudaError_t f_host_register(void* ptr, size_t size, unsigned int) {
   if (unsafe_prohibited()) return note("cudaHostRegister", nullptr, cudaErrorStreamCaptureUnsupported);
   if (w.faults.host_register_error != cudaSuccess) return note("cudaHostRegister", nullptr, w.faults.host_register_error);
   if (size == 0 || ptr == nullptr) return note("cudaHostRegister", nullptr, cudaErrorInvalidValue);
+  if (w.faults.host_register_max_bytes >= 0 && size > static_cast<size_t>(w.faults.host_register_max_bytes)) {
+    return note("cudaHostRegister", nullptr, cudaErrorMemoryAllocation);
+  }
   if (classify(ptr, size).where != Where::kPageable) {
     return note("cudaHostRegister", nullptr, cudaErrorHostMemoryAlreadyRegistered);
   }
   w.allocs[reinterpret_cast<uintptr_t>(ptr)] = Allocation{size, Kind::kPinned, t_device, false};
+  w.host_register_bytes += static_cast<int64_t>(size);
   return note("cudaHostRegister", nullptr, cudaSuccess);
 }
 
@@ -937,6 +942,7 @@ void reset(int devices) {
   w.faults = Faults{};
   w.memcpy_calls = 0;
   w.launch_calls = 0;
+  w.host_register_bytes = 0;
   w.batches_run = 0;
   w.batch_calls = 0;
   w.sticky = cudaSuccess;
@@ -1152,6 +1158,11 @@ int64_t count_calls(const std::string& api) {
   int64_t n = 0;
   for (const auto& line : world().log) n += line.compare(0, api.size() + 1, api + " ") == 0;
   return n;
+}
+
+int64_t host_register_bytes() {
+  std::lock_guard<std::recursive_mutex> lock(world().mu);
+  return world().host_register_bytes;
 }
 
 std::vector<std::string> violations() {

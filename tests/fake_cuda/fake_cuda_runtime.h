@@ -68,6 +68,10 @@ struct Faults {
   int64_t memcpy_fail_at = -1;                 // the k-th cudaMemcpyAsync since reset fails
   int64_t launch_fail_at = -1;                 // the k-th kernel launch since reset fails
   cudaError_t host_register_error = cudaSuccess;
+  // cudaHostRegister of more bytes fails with cudaErrorMemoryAllocation: the
+  // runtime documents no limit, but one call of 512 GiB or more fails on
+  // H200 hosts (vLLM issues #45850, #51081), so callers register in chunks.
+  int64_t host_register_max_bytes = -1;
   int runtime_version = 13000;
   int driver_version = 13000;
   bool stalled = false;                        // queued work does not progress until a sync
@@ -89,6 +93,9 @@ Faults& faults();
 // read them; a kernel that touched pageable memory).
 std::vector<std::string> call_log();
 int64_t count_calls(const std::string& api);
+// Bytes page-locked by cudaHostRegister since reset: the cost clock (page-locking
+// costs time per byte, about 0.1 s per GB on H200 hosts, vLLM issue #45850).
+int64_t host_register_bytes();
 std::vector<std::string> violations();
 struct LaunchRecord {
   unsigned grid_x, grid_y;

@@ -450,11 +450,11 @@ def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
     try:
-        assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
+        with pytest.raises(RuntimeError, match="the range may still be registered with CANN"):
+            off.host_memory.wait()  # refused: never the pinned allocator's rounding
         assert len(offloader_caches._STILL_REGISTERED) == kept + 1
-        first_page = offloader_caches._STILL_REGISTERED[-1].data_ptr() + 4095 & ~4095
-        assert fake.kind(first_page) == "pinned"  # still registered with the fake CANN
-        assert offloader_caches._STILL_REGISTERED[-1].data_ptr() not in {t.data_ptr() for t in off.host_tensors}
+        assert offloader_caches._STILL_REGISTERED[-1].data_ptr() == off.buffer.data_ptr()
+        assert fake.kind(off.buffer.data_ptr()) == "pinned"  # still registered with the fake CANN
     finally:
         off.shutdown()
         fake.fail("aclrtHostUnregister", 0)
@@ -462,7 +462,7 @@ def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(
 
 def test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_undone(fake):
     """The same rule for the simple connector's host mirrors, which take their
-    buffer from the offloader's allocator of pinned host memory."""
+    buffer from the offloader's exact-size host memory: refused, and kept."""
     from torch_kvswap.integrations.vllm.simple_offload import _host_mirrors
     from torch_kvswap.offloader import caches as offloader_caches
 
@@ -471,19 +471,18 @@ def test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_und
     kept = len(offloader_caches._STILL_REGISTERED)
     try:
         regions = {"l0": torch.zeros(4, 3000, dtype=torch.int8), "l1": torch.zeros(4, 100, dtype=torch.int8)}
-        buffer, mirrors, registered = _host_mirrors(regions, 4, torch.device(NPU))
-        assert not registered and fake.kind(buffer.data_ptr()) == "pinned"  # the pinned allocator's
+        with pytest.raises(RuntimeError, match=r"cannot page-lock the 16384-byte host mirrors in place.*"
+                                               r"may still be registered"):
+            _host_mirrors(regions, 4, torch.device(NPU))
         assert len(offloader_caches._STILL_REGISTERED) == kept + 1
-        first_page = offloader_caches._STILL_REGISTERED[-1].data_ptr() + 4095 & ~4095
+        first_page = offloader_caches._STILL_REGISTERED[-1].data_ptr()
         assert fake.kind(first_page) == "pinned"  # still registered with the fake CANN
-        assert [m.shape for m in mirrors.values()] == [(4, 3000), (4, 100)]
-        assert all(m.data_ptr() % 4096 == 0 and not m.any() for m in mirrors.values())
     finally:
         fake.fail("aclrtPointerGetAttributes", 0)
         fake.fail("aclrtHostUnregister", 0)
 
 
-def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_nothing(fake):
+def test_offloader_refuses_mirrors_when_registration_does_nothing(fake):
     from torch_kvswap import KVCacheOffloader
     from torch_kvswap.offloader import caches as offloader_caches
 
@@ -492,7 +491,8 @@ def test_offloader_falls_back_to_the_pinned_allocator_when_registration_does_not
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
     try:
-        assert off.pinned and all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
+        with pytest.raises(RuntimeError, match="does not report the whole range as registered host memory"):
+            off.store(1, [0], [0])
         assert len(offloader_caches._STILL_REGISTERED) == kept  # nothing was registered: nothing kept
     finally:
         off.shutdown()

@@ -30,6 +30,7 @@ namespace {
 
 constexpr AclError kInvalidParam = 100000;     // ACL_ERROR_INVALID_PARAM [hdr acl_base_rt.h:67]
 constexpr AclError kRtStreamContext = 107003;  // ACL_ERROR_RT_STREAM_CONTEXT [hdr error_codes/rt_error_codes.h:24]
+constexpr AclError kRtMemoryAllocation = 207001;  // ACL_ERROR_RT_MEMORY_ALLOCATION [hdr rt_error_codes.h]
 constexpr AclError kRtParamInvalid = 107000;   // ACL_ERROR_RT_PARAM_INVALID [hdr error_codes/rt_error_codes.h:21]
 constexpr AclError kRtAddrUnaligned = 107008;  // ACL_ERROR_RT_ADDR_UNALIGNED [hdr rt_error_codes.h:29]
 // ACL_ERROR_RT_NO_STREAM_RESOURCE [hdr rt_error_codes.h:77]: what EE1023's
@@ -679,6 +680,9 @@ AclError host_register_v2(void* ptr, uint64_t size, uint32_t flag) {
   if (reinterpret_cast<uintptr_t>(ptr) % 4096 != 0) {
     return rt().error(kRtParamInvalid, "aclrtHostRegisterV2: ptr must be 4 KiB aligned");
   }
+  if (rt().register_max_bytes >= 0 && size > static_cast<uint64_t>(rt().register_max_bytes)) {
+    return rt().error(kRtMemoryAllocation, "aclrtHostRegisterV2: more bytes than the fake's per-call limit");
+  }
   // A range overlapping a registered one fails (EE1018) [api_error.cc:2025-2027;
   // register_memory.cc:61-76, CheckMemoryRangeRegistered]; PINNED on memory
   // that is already page-locked fails [doc 11-02, "flag"].
@@ -700,6 +704,7 @@ AclError host_register_v2(void* ptr, uint64_t size, uint32_t flag) {
   const bool pinned = (flag & ascend::kHostRegPinned) != 0;
   const Kind kind = !pinned ? Kind::kMapped : rt().pin_records_only ? Kind::kRecorded : Kind::kPinned;
   rt().add_region(ptr, size, kind, -1, /*in_place=*/true);
+  rt().registered_bytes += static_cast<int64_t>(size);
   return 0;
 }
 
@@ -771,6 +776,8 @@ void Runtime::reset() {
   batch_refused_streams.clear();
   pin_records_only = false;
   register_does_nothing = false;
+  register_max_bytes = -1;
+  registered_bytes = 0;
   work_entry_bytes = 0;
   scramble_calls = 0;
   calls_.clear();

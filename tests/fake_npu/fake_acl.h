@@ -148,6 +148,11 @@ class Runtime {
   std::set<std::pair<int, int64_t>> batch_refused_streams;  // 207000 for one stream
   bool pin_records_only = false;       // driver without FEATURE_SVM_MEM_REGISTER_HOST_PINNED
   bool register_does_nothing = false;  // aclrtHostRegisterV2 succeeds and registers nothing
+  // aclrtHostRegisterV2 of more bytes fails (207001): CANN documents no limit,
+  // CUDA hosts refuse one registration of 512 GiB or more (vLLM #45850), so the
+  // fake lets a test set one. -1: none.
+  int64_t register_max_bytes = -1;
+  int64_t registered_bytes = 0;  // bytes page-locked since reset: the cost clock
   uint64_t work_entry_bytes = 0;       // bytes per captured work entry; 0: one per copy
   uint64_t scramble_calls = 0;         // batches scrambled so far (seeds the order)
   AclError entry_fault(size_t entry);  // for the current batch call

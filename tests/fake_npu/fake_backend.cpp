@@ -547,6 +547,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "host<->device copies with 207000");
   m.def("set_pin_records_only", [](bool on) { rt().pin_records_only = on; });
   m.def("set_register_does_nothing", [](bool on) { rt().register_does_nothing = on; });
+  m.def("set_register_max_bytes", [](int64_t bytes) { rt().register_max_bytes = bytes; });
+  m.def("registered_bytes", [] { return rt().registered_bytes; });
   m.def("set_work_entry_bytes", [](uint64_t bytes) { rt().work_entry_bytes = bytes; });
   m.def("graph_entries", [](int graph) { return rt().graph_entries(graph); });
   m.def("raw_pointer_attributes", [](int64_t ptr) {

@@ -1,22 +1,21 @@
 """The offloader's memory: the device caches flattened into the tensors whose
 dim 0 indexes blocks, the KV-cache groups over them, and the page-aligned host
-mirrors (allocated, pinned and unpinned here)."""
+mirrors laid out in one exact-size buffer (host_memory.py allocates, binds,
+pre-faults and pins it)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-logger = logging.getLogger("torch_kvswap")
+from . import numa
+from .host_memory import DEFAULT_CHUNK_BYTES, PAGE, STILL_REGISTERED, HostMemory, chunks, \
+    unregister_chunks
 
-_PAGE = 4096  # host mirrors start on page boundaries and never share a page
-# Host buffers the runtime may still count as registered, kept for the life of
-# the process: an unregistration failed at shutdown, or a registration that
-# could not be confirmed could not be undone either (pinned_host_buffer).
-_STILL_REGISTERED: list[torch.Tensor] = []
+_PAGE = PAGE  # host mirrors start on page boundaries and never share a page
+_STILL_REGISTERED = STILL_REGISTERED  # kept for the life of the process (host_memory)
 
 
 def flatten_caches(caches: Mapping[str, Any] | Sequence[Any],
@@ -117,66 +116,58 @@ def check_groups_do_not_alias(tensors: list[torch.Tensor], names: list[str],
 
 def pinned_host_buffer(nbytes: int, device: torch.device, pin: bool
                        ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """A page-aligned host buffer of ``nbytes`` (uninitialised):
-    ``(allocation, buffer, registered)``. With ``pin`` it is pinned in place
-    (``registered``), else, where the runtime refuses that, taken from the
-    pinned allocator, which rounds up to a power of two. An allocation whose
-    registration could be neither confirmed nor undone is kept in
-    ``_STILL_REGISTERED``, never freed."""
-    # Slack of one page, then a page-aligned view: the buffer's first and
-    # last pages belong to its owner alone (in-place registration pins
-    # whole pages).
-    allocation = torch.empty(nbytes + _PAGE, dtype=torch.uint8)
-    start = -allocation.data_ptr() % _PAGE
-    buffer = allocation[start:start + nbytes]
-    registered = False
-    if pin:
-        try:
-            torch.ops.kvswap._host_register(buffer, device, True)
-            registered = True
-        except (NotImplementedError, RuntimeError) as exc:
-            logger.warning("kvswap: cannot pin %d host bytes in place (%s); using the pinned "
-                           "allocator, which rounds up to a power of two", nbytes, exc)
-            if "may still be registered" in str(exc):
-                # The engine could not undo a registration: freeing the
-                # memory would hand registered pages back to the allocator.
-                _STILL_REGISTERED.append(allocation)
-            allocation = torch.empty(nbytes + _PAGE, dtype=torch.uint8, pin_memory=True)
-            start = -allocation.data_ptr() % _PAGE
-            buffer = allocation[start:start + nbytes]
-    return allocation, buffer, registered
+    """A page-aligned, zeroed host buffer of exactly ``nbytes``, on the
+    device's NUMA node: ``(allocation, buffer, registered)``. With ``pin`` it
+    is page-locked in place, in chunks of at most
+    :data:`~.host_memory.DEFAULT_CHUNK_BYTES`, before this returns; where the
+    runtime refuses, ``RuntimeError`` names the size and why (never the
+    pinned allocator's power-of-two rounding)."""
+    memory = HostMemory(nbytes, device, pin, numa_node=numa.choose_node(device, None))
+    memory.wait()
+    return memory.buffer._base, memory.buffer, bool(pin)
 
 
-def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: int,
-                     device: torch.device, pin: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], bool]:
-    """Zeroed host mirrors of ``rows`` blocks of each of ``tensors``, in one
-    allocation (:func:`pinned_host_buffer`), each on a page boundary:
-    ``(allocation, page-aligned buffer, mirrors, registered)``;
-    ``registered``: pinned in place (else pinned by the allocator, if ``pin``)."""
+def mirror_layout(block_bytes: list[int], rows: int) -> tuple[list[int], int]:
+    """Each mirror's byte offset in the buffer (page-aligned), and the total."""
     offsets, total = [], 0
     for bb in block_bytes:
         offsets.append(total)
         total += -(-rows * bb // _PAGE) * _PAGE
-    allocation, buffer, registered = pinned_host_buffer(total, device, pin)
-    mirrors = []
-    for t, off, bb in zip(tensors, offsets, block_bytes):
-        view = buffer[off:off + rows * bb].view(t.dtype).view(rows, *t.shape[1:])
-        view.zero_()
-        mirrors.append(view)
-    return allocation, buffer, mirrors, registered
+    return offsets, total
 
 
-def unregister_mirrors(buffer: torch.Tensor, device: torch.device) -> None:
-    """Undoes an in-place registration of ``buffer``; where the runtime
-    refuses, logs it and keeps ``buffer`` (a view, so its whole allocation)
-    for the life of the process."""
-    try:
-        torch.ops.kvswap._host_register(buffer, device, False)
-    except (NotImplementedError, RuntimeError) as exc:
-        # The runtime still counts the range as registered: keep its
-        # memory for the life of the process rather than hand it back
-        # to the allocator, and release everything else.
-        _STILL_REGISTERED.append(buffer)
-        logger.error("kvswap: unregistering %d host bytes at shutdown failed (%s); the "
-                     "buffer is kept for the life of the process", buffer.numel(), exc)
+def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: int,
+                     device: torch.device, pin: bool, *, numa_node: int | bool | None = None,
+                     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+                     ) -> tuple[HostMemory, list[torch.Tensor]]:
+    """Zeroed host mirrors of ``rows`` blocks of each of ``tensors``, in one
+    exact-size buffer (:class:`~.host_memory.HostMemory`, registering in the
+    background when ``pin``), each on a page boundary: ``(memory, mirrors)``.
+    ``numa_node``: :func:`~.numa.choose_node`'s override."""
+    offsets, total = mirror_layout(block_bytes, rows)
+    memory = HostMemory(total, device, pin, numa_node=numa.choose_node(device, numa_node),
+                        chunk_bytes=chunk_bytes)
+    mirrors = [memory.buffer[off:off + rows * bb].view(t.dtype).view(rows, *t.shape[1:])
+               for t, off, bb in zip(tensors, offsets, block_bytes)]
+    return memory, mirrors
+
+
+def mirror_spans(mirrors: list[torch.Tensor], buffer: torch.Tensor, lo: int, hi: int
+                 ) -> list[tuple[int, int]]:
+    """The byte spans of ``buffer`` that rows ``lo..hi-1`` of every mirror
+    occupy (rows clamped to each mirror)."""
+    base, spans = buffer.data_ptr(), []
+    for m in mirrors:
+        a, b = max(lo, 0), min(hi, m.shape[0])
+        if a < b:
+            row = m.stride(0) * m.element_size()
+            spans.append((m.data_ptr() - base + a * row, m.data_ptr() - base + b * row))
+    return spans
+
+
+def unregister_mirrors(buffer: torch.Tensor, device: torch.device,
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    """Undoes :func:`pinned_host_buffer`'s registration of ``buffer``, chunk by
+    chunk; where the runtime refuses, logs it and keeps ``buffer`` (a view, so
+    its whole allocation) for the life of the process."""
+    unregister_chunks(buffer, device, chunks(buffer.numel(), chunk_bytes))

@@ -50,7 +50,8 @@ import torch
 
 from .. import _checked
 from .caches import allocate_mirrors, check_groups, check_groups_do_not_alias, flatten_caches, \
-    unregister_mirrors
+    mirror_spans, unregister_mirrors
+from .host_memory import DEFAULT_CHUNK_BYTES, HostMemory
 from .lanes import Job, Lanes
 from .planning import Planner, as_ids, as_job_id
 from .specs import BlockIds, is_host_spec
@@ -92,6 +93,13 @@ class KVCacheOffloader(Lanes):
             zeros and succeeds, as in the reference), and make :meth:`wait`
             raise ``KeyError`` for ids that are not pending. A bit per host
             sub-block and cache tensor; far cheaper than checked mode.
+        numa_node: the NUMA node to place the mirrors on (bound before their
+            first touch); ``False``: no binding; default: the device's own
+            node where the machine has more than one.
+        register_chunk_bytes: the most bytes one page-locking call takes
+            (a multiple of 4096; default 64 GiB). Registration runs in the
+            background; a job waits only for the chunks it touches
+            (:attr:`host_memory` reports the times).
 
     The host mirrors have the device caches' per-block layout, in one
     allocation whose start and every mirror start on a 4 KiB page boundary,
@@ -104,7 +112,8 @@ class KVCacheOffloader(Lanes):
                  kv_stacked: bool | None = None, pin_memory: bool | None = None,
                  groups: Sequence[Sequence[int]] | None = None,
                  host_bytes: int | None = None, check: bool | None = None,
-                 strict: bool = False) -> None:
+                 strict: bool = False, numa_node: int | bool | None = None,
+                 register_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         if device_block_size < 1 or host_block_size < 1 or host_block_size % device_block_size:
             raise ValueError(f"host_block_size ({host_block_size}) must be a positive multiple of "
                              f"device_block_size ({device_block_size})")
@@ -117,9 +126,13 @@ class KVCacheOffloader(Lanes):
         if pin_memory and not on_accelerator:
             raise ValueError("pin_memory=True needs caches on an accelerator; these are on cpu, "
                              "where the host engine copies pageable memory directly")
-        #: whether the host mirrors are page-locked; _registered: pinned in place by us
+        #: whether the host mirrors are page-locked (in place, in the background)
         self.pinned = False
-        self._registered = False
+        #: the mirrors' memory: its NUMA node, and how long allocating,
+        #: pre-faulting, registering and waiting for registration took
+        self.host_memory: HostMemory | None = None
+        self._registered = False  # pinned in place in one call by a subclass's _allocate_mirrors
+        self._numa_node, self._register_chunk_bytes = numa_node, register_chunk_bytes
         self._allocation, self._buffer, self.host_tensors = self._allocate_mirrors(
             on_accelerator if pin_memory is None else pin_memory)
         self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
@@ -161,18 +174,33 @@ class KVCacheOffloader(Lanes):
     # -- host mirrors ----------------------------------------------------------
 
     def _allocate_mirrors(self, pin: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        """``(allocation, buffer, mirrors)``; sets ``pinned`` and ``_registered``
+        """``(allocation, buffer, mirrors)``; sets ``pinned`` and ``host_memory``
         (subclasses that carve the mirrors from other memory override this)."""
-        allocation, buffer, mirrors, self._registered = allocate_mirrors(
+        self.host_memory, mirrors = allocate_mirrors(
             self.device_tensors, self._block_bytes, self.num_host_blocks * self.factor,
-            self.device, pin)
+            self.device, pin, numa_node=self._numa_node, chunk_bytes=self._register_chunk_bytes)
         self.pinned = bool(pin)
-        return allocation, buffer, mirrors
+        return self.host_memory.buffer._base, self.host_memory.buffer, mirrors
+
+    def _wait_for_mirrors(self, lane: str, src: np.ndarray, dst: np.ndarray) -> None:
+        """Blocks until the host rows a job touches are page-locked."""
+        host = dst if lane == "store" else src
+        if self.host_memory is not None and not self.host_memory.settled and len(host):
+            lo, hi = int(host.min()) * self.factor, (int(host.max()) + 1) * self.factor
+            self.host_memory.wait(mirror_spans(self.host_tensors, self._buffer, lo, hi))
+
+    def _submit(self, job_id: int, lane: str, src: np.ndarray, dst: np.ndarray,
+                offsets: int | Sequence[int] | None, group_sizes: Sequence[int] | None) -> bool:
+        self._wait_for_mirrors(lane, src, dst)
+        return super()._submit(job_id, lane, src, dst, offsets, group_sizes)
 
     def _release_mirrors(self) -> None:
+        if self.host_memory is not None:
+            self.host_memory.release()
+            self.host_memory = None
         if self._registered:
             self._registered = False
-            unregister_mirrors(self._buffer, self.device)
+            unregister_mirrors(self._buffer, self.device, chunk_bytes=max(self._buffer.numel(), 1))
         self.host_tensors = []
         self._buffer = torch.empty(0, dtype=torch.uint8)
         self._allocation = self._buffer
