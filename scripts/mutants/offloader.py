@@ -236,7 +236,7 @@ MUTANTS = [
         name="offloader-forked-child-exit-waits-on-parent-threads",
         file=_O + "lanes.py",
         where="_forget_the_parents_offloaders",
-        find="    _LIVE.clear()",
+        find="    _generation += 1\n    _LIVE.clear()",
         replace="    pass",
         tests=_L,
         why="a child forked with jobs in flight would wait at exit for threads that exist only "
