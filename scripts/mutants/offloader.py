@@ -3,6 +3,7 @@
 _O = "torch_kvswap/offloader/"
 
 _T = ["tests/test_offloader.py"]
+_L = ["tests/test_offloader_lifecycle.py"]
 
 MUTANTS = [
     dict(
@@ -63,9 +64,9 @@ MUTANTS = [
     dict(
         name="handler-transfer-time-zero",
         file=_O + "lanes.py",
-        where="Lanes._worker_loop",
-        find="            job.seconds = time.perf_counter() - t0\n",
-        replace="            job.seconds = 0.0\n",
+        where="_run_lane",
+        find="        job.seconds = time.perf_counter() - t0\n",
+        replace="        job.seconds = 0.0\n",
         tests=_T,
         why="a job that moved bytes took time; vLLM's stats divide by it",
     ),
@@ -302,5 +303,65 @@ MUTANTS = [
         replace="            count += 1",
         tests=["tests/test_host_memory.py"],
         why="has_memory lists ranges (0-1): a two-node machine read as one would never bind",
+    ),
+    dict(
+        name="offloader-interrupted-shutdown-leaves-exit-list",
+        file=_O + "lanes.py",
+        where="Lanes.shutdown",
+        find="        with self._lock:\n            self._closed = True\n",
+        replace="        _LIVE.discard(self)\n        with self._lock:\n            self._closed = True\n",
+        tests=_L,
+        why="an offloader whose shutdown Ctrl-C interrupted must stay on the exit list until its "
+            "workers stop: off it, exit leaves them copying into interpreter teardown (abort, 134)",
+    ),
+    dict(
+        name="offloader-second-shutdown-returns-at-once",
+        file=_O + "lanes.py",
+        where="Lanes.shutdown",
+        find="        with self._lock:\n            self._closed = True\n",
+        replace="        with self._lock:\n            if self._closed:\n                return\n"
+                "            self._closed = True\n",
+        tests=_L,
+        why="a shutdown after an interrupted one must finish it, not return with jobs pending",
+    ),
+    dict(
+        name="offloader-forked-child-exit-waits-on-parent-threads",
+        file=_O + "lanes.py",
+        where="_forget_the_parents_offloaders",
+        find="    _generation += 1\n    _LIVE.clear()",
+        replace="    pass",
+        tests=_L,
+        why="a child forked with jobs in flight would wait at exit for threads that exist only "
+            "in the parent: it hangs",
+    ),
+    dict(
+        name="offloader-forked-child-uses-parent-offloader",
+        file=_O + "lanes.py",
+        where="Lanes._check_process",
+        find="        if self._generation != _generation:",
+        replace="        if False:",
+        tests=_L,
+        why="in a forked child the parent's offloader has no workers: a job stored there never "
+            "finishes and wait hangs; it must refuse, naming fork and the way out",
+    ),
+    dict(
+        name="offloader-threads-hold-their-offloader",
+        file=_O + "lanes.py",
+        where="Lanes._start_lanes",
+        find="            owner = weakref.ref(self)",
+        replace="            owner = lambda: self  # noqa: E731",
+        tests=_L,
+        why="worker threads that hold their offloader keep a dropped one, its threads and its "
+            "mirrors, until exit",
+    ),
+    dict(
+        name="offloader-base-exception-kills-the-lane",
+        file=_O + "lanes.py",
+        where="_run_lane",
+        find="        except BaseException as exc:",
+        replace="        except Exception as exc:",
+        tests=_L,
+        why="SystemExit or KeyboardInterrupt inside a copy ended the worker: the job was never "
+            "reported, wait blocked forever and later jobs never ran",
     ),
 ]

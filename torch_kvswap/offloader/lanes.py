@@ -7,6 +7,12 @@ finish in submission order. A job is reported by ``get_finished`` once its end
 event (or its worker) says it is done; ``wait`` blocks on the same signals and
 ``shutdown`` drains every lane. The table lock guards the job tables and is
 never held while a copy is launched or waited for.
+
+Lifecycle (docs/offloader.md, "Lifecycle contract"): an offloader stays on
+the exit list until its workers have stopped, so an interrupted ``shutdown``
+is finished by the next call or at exit; worker threads hold their offloader
+only while they copy, so a dropped one is collected; in a forked child an
+offloader of the parent refuses every call.
 """
 
 from __future__ import annotations
@@ -38,6 +44,18 @@ _LANES = ("store", "load", "expedited")
 # tears down, instead of being cut off inside a copy (which aborts the
 # process: "terminate called without an active exception").
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+# Bumped in every forked child: an offloader built in an earlier generation
+# belongs to an ancestor, whose worker threads and streams the child lacks.
+_generation = 0
+
+
+def _forget_the_parents_offloaders() -> None:
+    global _generation
+    _generation += 1
+    _LIVE.clear()  # the child's exit must not wait on the parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_offloaders)
 
 
 @atexit.register
@@ -47,6 +65,36 @@ def _shutdown_live() -> None:
             offloader.shutdown()
         except Exception:  # noqa: BLE001 - exit goes on; the others still shut down
             logger.exception("kvswap: shutting down an offloader at exit failed")
+
+
+def _run_lane(owner: weakref.ref, jobs: queue.SimpleQueue) -> None:
+    """A lane's worker thread. It holds its offloader only while it copies a
+    job, so a dropped offloader is collected once no copy runs (its mirrors
+    live until then); jobs still queued then are abandoned, never copied."""
+    while (job := jobs.get()) is not None:
+        offloader = owner()
+        if offloader is None:
+            continue
+        t0 = time.perf_counter()
+        try:
+            offloader._copy(job)
+        except BaseException as exc:  # noqa: BLE001 - any kind, SystemExit too: the job failed, the lane goes on
+            offloader._fail(job, exc)
+        job.seconds = time.perf_counter() - t0
+        job.done.set()
+        del offloader  # may collect it, on this thread: _stop_lanes only queues the stops
+
+
+def _stop_lanes(generation: int, queues: dict | None, streams: dict | None) -> None:
+    """Stops an offloader's lanes, once: at ``shutdown``, or when it is
+    collected. Worker threads finish the job they run and stop; streams finish
+    their copies before the mirrors they read or write are freed."""
+    if generation != _generation:
+        return  # a forked child: the lanes are the parent's
+    for jobs in (queues or {}).values():
+        jobs.put(None)
+    for stream in (streams or {}).values():
+        stream.synchronize()
 
 
 @dataclass
@@ -94,20 +142,32 @@ class Lanes:
         self._pending: dict[int, Job] = {}  # submitted, not yet reported
         self._fifo: dict[str, collections.deque[Job]] = {lane: collections.deque() for lane in _LANES}
         self._closed = False
+        self._released = False
+        self._generation, self._pid = _generation, os.getpid()
         self._event_pool: list[Any] = []
         if on_accelerator:
             self._streams = {lane: torch.Stream(device=self.device) for lane in _LANES}
-            self._workers = None
+            self._queues = self._workers = None
         else:
             self._streams = None
             self._queues = {lane: queue.SimpleQueue() for lane in _LANES}
+            owner = weakref.ref(self)  # a thread holding the offloader would keep it forever
             self._workers = {
-                lane: threading.Thread(target=self._worker_loop, args=(self._queues[lane],),
+                lane: threading.Thread(target=_run_lane, args=(owner, self._queues[lane]),
                                        name=f"kvswap-{lane}", daemon=True)
                 for lane in _LANES}
             for w in self._workers.values():
                 w.start()
+        self._stop = weakref.finalize(self, _stop_lanes, _generation, self._queues, self._streams)
+        self._stop.atexit = False  # exit shuts live offloaders down instead, jobs finished
         _LIVE.add(self)  # shut down at interpreter exit (_shutdown_live)
+
+    def _check_process(self) -> None:
+        if self._generation != _generation:
+            raise RuntimeError(
+                f"this KVCacheOffloader was built in process {self._pid}; process {os.getpid()} is a "
+                "fork of it, without its worker threads and streams, so its jobs would never finish. "
+                "Build a new KVCacheOffloader in the child (or start children with the 'spawn' method)")
 
     # -- submission ------------------------------------------------------------
 
@@ -116,6 +176,7 @@ class Lanes:
         is_store = lane == "store"
         device, host = (src, dst) if is_store else (dst, src)
         copies, num_bytes = self._planner.plan(is_store, device, host, offsets, group_sizes)
+        self._check_process()
         job = Job(job_id, lane, num_bytes, copies)
         with self._lane_locks[lane]:  # launch order == table order, per lane
             with self._lock:
@@ -135,9 +196,11 @@ class Lanes:
             else:
                 try:
                     self._launch_on_stream(job)
-                except Exception as exc:  # noqa: BLE001 - never leave a job unfinishable
+                except BaseException as exc:  # noqa: BLE001 - never leave a job unfinishable
                     self._fail(job, exc)
                     job.done.set()
+                    if not isinstance(exc, Exception):
+                        raise  # Ctrl-C in the caller's thread: the job is failed, the call interrupted
                 finally:
                     job.launched.set()
         return True
@@ -163,19 +226,6 @@ class Lanes:
                 self._fail(job, exc)
             job.end_event.record(stream)
 
-    def _worker_loop(self, jobs: queue.SimpleQueue) -> None:
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            t0 = time.perf_counter()
-            try:
-                self._copy(job)
-            except Exception as exc:  # noqa: BLE001 - reported as a failed job
-                self._fail(job, exc)
-            job.seconds = time.perf_counter() - t0
-            job.done.set()
-
     def _fail(self, job: Job, exc: BaseException) -> None:
         job.error = f"{type(exc).__name__}: {exc}"
         logger.error("kvswap: job %d (%s) failed: %s", job.job_id, job.lane, job.error)
@@ -196,6 +246,7 @@ class Lanes:
         pending yields the processor once (``os.sched_yield``, which also
         releases the GIL), so a caller polling in a tight loop does not starve
         the copy threads."""
+        self._check_process()
         results = []
         with self._lock:
             for lane in _LANES:
@@ -231,6 +282,7 @@ class Lanes:
         submitted) are ignored, as in the reference; ``strict=True`` (default:
         the offloader's ``strict``) raises ``KeyError`` for them instead.
         ``job_ids`` is an iterable of ints (``wait({1})``, not ``wait(1)``)."""
+        self._check_process()
         wanted = as_job_ids(job_ids)
         strict = self.strict if strict is None else strict
         with self._lock:
@@ -254,17 +306,21 @@ class Lanes:
 
     def pending(self) -> list[int]:
         """Job ids submitted and not yet reported by ``get_finished``."""
+        self._check_process()
         with self._lock:
             return list(self._pending)
 
     def shutdown(self) -> None:
         """Finish every in-flight job, stop the workers and release the host
-        mirrors. Results stay available from ``get_finished``. Idempotent."""
+        mirrors. Results stay available from ``get_finished``. Idempotent and
+        safe to interrupt (Ctrl-C): until the workers have stopped the
+        offloader stays on the exit list, and the next call, or exit, finishes
+        the shutdown. In a forked child it returns at once: the jobs and the
+        workers are the parent's."""
+        if self._generation != _generation:
+            return
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
-        _LIVE.discard(self)
         # A submission that passed the closed check is in the table now.
         for lock in self._lane_locks.values():
             with lock:
@@ -272,8 +328,11 @@ class Lanes:
         with self._lock:
             jobs = list(self._pending.values())
         self.wait((j.job_id for j in jobs), strict=False)
-        if self._workers is not None:
-            for lane, worker in self._workers.items():
-                self._queues[lane].put(None)
-                worker.join()
-        self._release_mirrors()
+        self._stop()  # once: later calls find the stops queued
+        for worker in (self._workers or {}).values():
+            worker.join()
+        with self._lock:
+            released, self._released = self._released, True
+        if not released:
+            self._release_mirrors()
+        _LIVE.discard(self)

@@ -1,0 +1,343 @@
+"""The offloader's lifecycle: Ctrl-C during ``wait`` and ``shutdown``, fork,
+an offloader dropped without ``shutdown``, any exception inside a copy.
+
+Each case runs in its own Python process, ``RUNS`` times (several at once),
+each bounded by a timeout; ``KVSWAP_LIFECYCLE_RUNS=20`` runs each 20 times.
+A child that must be interrupted inside a call makes that call slow (a copy
+that repeats for a second) and prints a marker from inside it; the test then
+sends SIGINT, as Ctrl-C does. Interpreter exit with jobs in flight is
+tests/test_exit.py.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+from torch_kvswap import KVCacheOffloader
+from torch_kvswap.offloader import lanes
+
+RUNS = int(os.environ.get("KVSWAP_LIFECYCLE_RUNS", "3"))
+TIMEOUT = 60  # seconds per child; a hang shows as a timeout, never as a stuck suite
+
+# A 16-block cache stored whole into 8 host blocks (factor 2), by a copy that
+# repeats for SLOW seconds, so the job is surely running when the signal comes.
+# At exit, after torch_kvswap's own exit handler, the child says whether the
+# mirror holds the cache: a job is either copied whole or the process says so.
+PRELUDE = textwrap.dedent("""
+    import atexit, gc, os, sys, threading, time
+    state = {}
+
+    def verify():  # registered before torch_kvswap's exit handler, so it runs after it
+        if "mirror" in state:
+            import torch
+            print("STORED" if torch.equal(state["mirror"], state["device"]) else "PARTIAL", flush=True)
+
+    atexit.register(verify)
+    import torch, torch_kvswap
+    SLOW = 1.0
+    device = torch.randn(16, 8, 128, 128)  # 16 blocks of 512 KiB
+    off = torch_kvswap.KVCacheOffloader({"l": device}, 1, 2, num_host_blocks=8)
+    state.update(mirror=off.host_tensors[0], device=device)
+    real_copy = off._copy
+
+    def slow_copy(job):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < SLOW:
+            real_copy(job)
+
+    def say(marker):
+        print(marker, flush=True)
+
+    def store_all(job_id):
+        off.store(job_id, range(16), range(8))
+""")
+
+
+def start(body: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its forks die with it on a timeout
+
+
+def finish(proc: subprocess.Popen, first: str = "") -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, first + out, err  # None: it hung
+    return proc.returncode, first + out, err
+
+
+def run(body: str) -> tuple[int, str, str]:
+    return finish(start(body))
+
+
+def run_interrupted(body: str, marker: str) -> tuple[int, str, str]:
+    """Runs ``body``; sends SIGINT once it prints ``marker``."""
+    proc = start(body)
+    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+    first = proc.stdout.readline() if ready else ""
+    if first.strip() == marker:
+        proc.send_signal(signal.SIGINT)
+    return finish(proc, first)
+
+
+def runs(fn, *args) -> list[tuple[int, str, str]]:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        return list(pool.map(lambda _: fn(*args), range(RUNS)))
+
+
+def outcome(status, out, err):
+    assert status is not None, f"hung:\n{out}\n{err[-2000:]}"
+    assert "terminate called" not in err and status != -signal.SIGABRT, (status, err[-2000:])
+    return status, out.split()
+
+
+# --- Ctrl-C -------------------------------------------------------------------
+
+INTERRUPTED_SHUTDOWN = {
+    "shutdown()": """
+        off._copy = slow_copy
+        store_all(0)
+        real_wait = off.wait
+        off.wait = lambda *a, **k: (setattr(off, "wait", real_wait), say("IN_SHUTDOWN"),
+                                    real_wait(*a, **k))
+        off.shutdown()
+        say("RETURNED")
+    """,
+    "leaving with": """
+        off._copy = slow_copy
+        real_wait = off.wait
+        off.wait = lambda *a, **k: (setattr(off, "wait", real_wait), say("IN_SHUTDOWN"),
+                                    real_wait(*a, **k))
+        with off:
+            store_all(0)
+        say("RETURNED")
+    """,
+}
+
+
+@pytest.mark.parametrize("how", sorted(INTERRUPTED_SHUTDOWN))
+def test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish(how):
+    """The KeyboardInterrupt propagates (status -SIGINT, shell 130); exit then
+    finishes the shutdown: the job in flight is copied whole, no abort."""
+    for status, out, err in runs(run_interrupted, INTERRUPTED_SHUTDOWN[how], "IN_SHUTDOWN"):
+        status, words = outcome(status, out, err)
+        assert words == ["IN_SHUTDOWN", "STORED"], (out, err[-2000:])
+        assert status == -signal.SIGINT, (status, err[-2000:])
+        assert "KeyboardInterrupt" in err
+
+
+def test_ctrl_c_during_wait_raises_keyboard_interrupt_and_the_offloader_keeps_working():
+    body = """
+        off._copy = slow_copy
+        store_all(0)
+        try:
+            say("WAITING")
+            off.wait({0})
+        except KeyboardInterrupt:
+            say("INTERRUPTED")
+        off._copy = real_copy
+        off.wait({0})
+        (result,) = off.get_finished()
+        say(f"SUCCESS={result.success}")
+        off.shutdown()
+    """
+    for status, out, err in runs(run_interrupted, body, "WAITING"):
+        status, words = outcome(status, out, err)
+        assert (status, words) == (0, ["WAITING", "INTERRUPTED", "SUCCESS=True", "STORED"]), err[-2000:]
+
+
+def gated(offloader: KVCacheOffloader) -> threading.Event:
+    """Makes each copy of ``offloader`` wait for the returned gate."""
+    gate, real_copy = threading.Event(), offloader._copy
+    offloader._copy = lambda job: (gate.wait(), real_copy(job))
+    return gate
+
+
+def test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it():
+    off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
+    gate = gated(off)
+    off.store(0, [0], [0])
+    real_wait = off.wait
+
+    def interrupted_wait(*args, **kwargs):
+        off.wait = real_wait
+        raise KeyboardInterrupt  # as Ctrl-C inside the wait does
+
+    off.wait = interrupted_wait
+    with pytest.raises(KeyboardInterrupt):
+        off.shutdown()
+    assert off in lanes._LIVE and off.pending() == [0]
+    threading.Timer(0.2, gate.set).start()
+    off.shutdown()
+    (result,) = off.get_finished()
+    assert result.job_id == 0 and result.success
+    assert off not in lanes._LIVE and off.host_tensors == []
+    assert not any(w.is_alive() for w in off._workers.values())
+
+
+# --- fork ---------------------------------------------------------------------
+
+FORK_USES_OFFLOADER = """
+    import warnings
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
+    store_all(0)
+    off.wait({0})
+    pid = os.fork()
+    if pid == 0:
+        state.clear()  # the parent verifies its mirror at its exit
+        calls = {"store": lambda: off.store(1, [0, 1], [0]), "load": lambda: off.load(2, [0], [0, 1]),
+                 "wait": lambda: off.wait({0}), "get_finished": off.get_finished, "pending": off.pending}
+        for name, call in calls.items():
+            try:
+                call()
+                say(f"{name}:no-error")
+            except RuntimeError as exc:
+                text = str(exc)
+                say(f"{name}:" + ("refused" if "fork" in text and "new KVCacheOffloader" in text else text))
+        off.shutdown()
+        say("shutdown:returned")
+        sys.exit(3)
+    _, status = os.waitpid(pid, 0)
+    say(f"child-status={os.waitstatus_to_exitcode(status)}")
+    (result,) = off.get_finished()
+    say(f"parent-success={result.success}")
+"""
+
+
+def test_a_forked_child_that_uses_its_parents_offloader_gets_a_clear_error():
+    """Every method but ``shutdown`` raises RuntimeError naming fork and the
+    way out; ``shutdown`` returns at once; the child exits with its own status
+    and the parent's offloader works on."""
+    expected = ["store:refused", "load:refused", "wait:refused", "get_finished:refused",
+                "pending:refused", "shutdown:returned", "child-status=3", "parent-success=True", "STORED"]
+    for status, out, err in runs(run, FORK_USES_OFFLOADER):
+        status, words = outcome(status, out, err)
+        assert (status, words) == (0, expected), (out, err[-2000:])
+
+
+FORK_WITH_JOBS_IN_FLIGHT = """
+    import warnings
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork of a threaded process
+    off._copy = slow_copy
+    store_all(0)
+    pid = os.fork()
+    if pid == 0:
+        state.clear()  # the child's mirror is a copy from mid-job: nothing to verify
+        sys.exit(5)    # runs the exit handlers, which must not wait on the parent's threads
+    _, status = os.waitpid(pid, 0)
+    say(f"child-status={os.waitstatus_to_exitcode(status)}")
+    say(f"still-pending={off.pending()}")
+"""
+
+
+def test_a_child_forked_with_jobs_in_flight_exits_at_once_with_its_own_status():
+    """The child exits 5 while the parent's job still runs; the parent's job
+    finishes at its exit."""
+    for status, out, err in runs(run, FORK_WITH_JOBS_IN_FLIGHT):
+        status, words = outcome(status, out, err)
+        assert (status, words) == (0, ["child-status=5", "still-pending=[0]", "STORED"]), (out, err[-2000:])
+
+
+# --- dropped without shutdown ---------------------------------------------------
+
+DROP_TEN = """
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    state.clear()
+    off.shutdown()
+    del off, real_copy
+    gc.collect()
+    threads, before = threading.active_count(), rss()
+    cache = torch.randn(8, 1 << 18)  # 8 blocks of 1 MiB
+    for i in range(10):  # 64 MiB of mirrors each, with a job just submitted
+        dropped = torch_kvswap.KVCacheOffloader({"l": cache}, 1, 1, num_host_blocks=64)
+        dropped.store(i, range(8), range(8))
+        del dropped
+    deadline = time.monotonic() + 60
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    say(f"threads+{threading.active_count() - threads}")
+    say(f"under-one-mirror={rss() - before < 64 << 20}")
+"""
+
+
+def test_ten_dropped_offloaders_are_collected_their_threads_stop_and_their_mirrors_are_freed():
+    for status, out, err in runs(run, DROP_TEN):
+        status, words = outcome(status, out, err)
+        assert (status, words) == (0, ["threads+0", "under-one-mirror=True"]), (out, err[-2000:])
+
+
+DROP_WHILE_COPYING = """
+    import weakref
+    state.clear()
+    threads = threading.active_count() - 3
+    copying, gate = threading.Event(), threading.Event()
+    off._copy = lambda job: (copying.set(), gate.wait(), real_copy(job))
+    mirror = weakref.ref(off.host_tensors[0])
+    store_all(0)   # running (held at the gate) when the offloader is dropped
+    store_all(1)   # queued behind it
+    copying.wait(60)
+    ref = weakref.ref(off)
+    del off, real_copy
+    gc.collect()
+    say(f"alive-while-copying={ref() is not None and mirror() is not None}")
+    gate.set()
+    deadline = time.monotonic() + 60
+    while (ref() is not None or threading.active_count() > threads) and time.monotonic() < deadline:
+        gc.collect()  # the gate's lambda makes a cycle
+        time.sleep(0.01)
+    say(f"collected={ref() is None and mirror() is None}")
+    say(f"threads+{threading.active_count() - threads}")
+"""
+
+
+def test_an_offloader_dropped_mid_copy_is_freed_only_after_the_copy_and_its_threads_stop():
+    """The running copy keeps the offloader (and its mirrors) alive until it
+    returns; the job queued behind it is abandoned."""
+    for status, out, err in runs(run, DROP_WHILE_COPYING):
+        status, words = outcome(status, out, err)
+        assert (status, words) == (0, ["alive-while-copying=True", "collected=True", "threads+0"]), \
+            (out, err[-2000:])
+
+
+# --- exceptions inside a copy ---------------------------------------------------
+
+class Custom(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("kind", [RuntimeError, SystemExit, KeyboardInterrupt, GeneratorExit, Custom])
+def test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working(kind):
+    off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
+    real_copy = off._copy
+
+    def copy(job):
+        if job.job_id == 1:
+            raise kind("inside the copy")
+        real_copy(job)
+
+    off._copy = copy
+    for j in range(3):
+        off.store(j, [j], [j])
+    results, deadline = [], time.monotonic() + 20
+    while len(results) < 3 and time.monotonic() < deadline:
+        results += off.get_finished()
+    assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
+    assert results[1].error == f"{kind.__name__}: inside the copy"
+    off.shutdown()
