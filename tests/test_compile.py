@@ -275,3 +275,22 @@ def test_tensor_op_with_an_empty_cache_traces_like_eager(fresh_compile):
 
     empty = torch.empty(0, dtype=torch.int64)
     assert step(src, dst, empty, empty).item() == 0.0
+
+
+def test_dynamic_storage_offset_of_a_destination_is_refused_and_nothing_lost(fresh_compile):
+    # The V half of a [2, num_blocks, ...] cache starts at a storage offset that
+    # becomes dynamic on a recompile after a size change; Inductor wrote it at offset 0.
+    halves = torch.compile(lambda s0, s1, d0, d1, i, j: torch_kvswap.swap_blocks(
+        [s0, s1], [d0, d1], i, j), fullgraph=True)
+    src = (torch.ones(4, 4), torch.full((4, 4), 2.0))
+    one = torch.tensor([0])
+    kv = torch.zeros(2, 8, 4)
+    halves(*src, kv[0], kv[1], one, one)
+    assert torch.equal(kv[:, 0], torch.stack(src)[:, 0])
+    kv = torch.zeros(2, 16, 4)
+    kv[1] = 7.0
+    before = kv.clone()
+    with pytest.raises(Exception, match=r"dst_caches\[1\] starts at a storage offset that "
+                                        r"torch.compile treats as dynamic"):
+        halves(*src, kv[0], kv[1], one, one)
+    assert torch.equal(kv, before)

@@ -113,3 +113,13 @@ def test_accelerator_path_keeps_the_largest_id_that_fits():
     assert ATEN_PATH(ids([top]), f).tolist()[-1] == top * f + f - 1
     with pytest.raises(ValueError, match="overflows int64"):
         ATEN_PATH(ids([top + 1]), f)
+
+
+@pytest.mark.parametrize("factor", [2**40, 2**63 - 1])
+@pytest.mark.parametrize("skip", ["none", "largest"])
+def test_no_ids_give_no_sub_blocks_on_both_paths_whatever_the_factor(factor, skip):
+    # The accelerator path once allocated arange(factor) before looking at the ids.
+    skip_count = 0 if skip == "none" else factor - 1
+    for path in (OP, ATEN_PATH):
+        out = path(ids([]), factor, skip_count)
+        assert out.shape == (0,) and out.dtype == torch.int64

@@ -296,3 +296,21 @@ def _run_in_forked_child(src, out, ids, capfd) -> int:
             raise AssertionError("the forked child hung for 20 s in swap_blocks; stderr: "
                                  + capfd.readouterr().err)
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("which", ["src_block_ids", "dst_block_ids"])
+def test_meta_ids_with_real_caches_are_refused(which):
+    src, dst = torch.ones(4, 2), torch.zeros(4, 2)
+    block_ids = {"src_block_ids": torch.tensor([0]), "dst_block_ids": torch.tensor([1])}
+    block_ids[which] = block_ids[which].to("meta")
+    with pytest.raises(RuntimeError, match="block ids on the meta device hold no values, but a "
+                                           "cache is a real tensor on cpu"):
+        torch_kvswap.swap_blocks([src], [dst], **block_ids)
+    assert torch.equal(dst, torch.zeros(4, 2))
+
+
+def test_meta_caches_with_meta_ids_check_shapes_only():
+    dst = torch.empty(4, 2, device="meta")
+    torch_kvswap.swap_blocks([torch.empty(4, 2, device="meta")], [dst],
+                             torch.tensor([0], device="meta"), torch.tensor([1], device="meta"))
+    assert dst.shape == (4, 2)

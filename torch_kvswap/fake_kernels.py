@@ -41,9 +41,38 @@ def _check_one_device(caches, name: str) -> None:
                              f"{caches[0].device}; all tensors of one list share a device")
 
 
+def _refuse_meta_ids_on_real_caches(tensors) -> None:
+    """Meta ids reach this kernel in eager mode too (the Meta key wins the
+    dispatch) and carry no values: with real caches nothing would be copied."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real = [t for t in tensors if t.device.type != "meta" and not isinstance(t, FakeTensor)]
+    _refuse_unless(not real, lambda: (
+        f"block ids on the meta device hold no values, but a cache is a real tensor on "
+        f"{real[0].device}: pass the ids as int64 CPU tensors"))
+
+
+def _refuse_dynamic_storage_offset(dst_caches) -> None:
+    """Inductor's clone of a mutated input whose storage offset is dynamic
+    regenerates the view at offset 0 (its sym_storage_offset of a graph input
+    lowers to 0): the copy would land in the wrong bytes."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+    for i, d in enumerate(dst_caches):
+        _refuse_unless(is_concrete_int(d.storage_offset()), lambda: (
+            f"dst_caches[{i}] starts at a storage offset that torch.compile treats as dynamic "
+            f"({d.storage_offset()}), as the second half of a stacked [2, num_blocks, ...] "
+            "cache does under dynamic shapes; Inductor would write it at the wrong offset. "
+            "Pass the stacked cache itself into the compiled function and take its halves "
+            "inside, or compile with dynamic=False"))
+
+
 @torch.library.register_fake("kvswap::swap_blocks")
 def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
     from . import _compile_hooks  # imported by the package after this module
+
+    _refuse_meta_ids_on_real_caches([*src_caches, *dst_caches, src_block_ids, dst_block_ids])
+    _refuse_dynamic_storage_offset(dst_caches)
 
     if not _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
         _compile_hooks.warn_destinations_cloned()

@@ -37,7 +37,12 @@ ExpandShape check_expand_args(const at::Tensor& block_ids, int64_t factor, int64
 // (tests/test_expand_block_ids.py).
 at::Tensor expand_with_tensor_ops(const at::Tensor& block_ids, int64_t factor, int64_t skip_count) {
   const auto shape = check_expand_args(block_ids, factor, skip_count);
-  if (shape.n > 0) {
+  if (shape.n == 0) {
+    // As the CPU path: no ids, no sub-blocks, whatever the factor (arange(factor)
+    // would allocate factor entries for nothing).
+    return at::empty({0}, block_ids.options());
+  }
+  {
     const int64_t lo = block_ids.min().item<int64_t>();
     const int64_t hi = block_ids.max().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= 0, "block_ids contains ", lo, "; block ids must be >= 0");
@@ -46,7 +51,7 @@ at::Tensor expand_with_tensor_ops(const at::Tensor& block_ids, int64_t factor, i
   }
   auto offsets = at::arange(factor, block_ids.options());
   auto all = (block_ids.unsqueeze(1) * factor + offsets.unsqueeze(0)).reshape({-1});
-  return all.narrow(0, shape.n == 0 ? 0 : skip_count, shape.out_len).contiguous();
+  return all.narrow(0, skip_count, shape.out_len).contiguous();
 }
 
 at::Tensor expand_block_ids(const at::Tensor& block_ids, int64_t factor, int64_t skip_count) {
