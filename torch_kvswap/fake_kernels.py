@@ -61,8 +61,9 @@ def _refuse_dynamic_storage_offset(dst_caches) -> None:
     for i, d in enumerate(dst_caches):
         _refuse_unless(is_concrete_int(d.storage_offset()), lambda: (
             f"dst_caches[{i}] starts at a storage offset that torch.compile treats as dynamic "
-            f"({d.storage_offset()}), as the second half of a stacked [2, num_blocks, ...] "
-            "cache does under dynamic shapes; Inductor would write it at the wrong offset. "
+            f"({d.storage_offset()}), as a half of one stacked [num_blocks, 2, ...] or "
+            "[2, num_blocks, ...] cache does under dynamic shapes; Inductor would write it at "
+            "the wrong offset. "
             "Pass the stacked cache itself into the compiled function and take its halves "
             "inside, or compile with dynamic=False"))
 
