@@ -307,8 +307,8 @@ void Engine::host_register(const at::Tensor& buffer, c10::Device device, bool pi
   }
   // aclrtHostRegister(ACL_HOST_REGISTER_MAPPED), the older call, maps host
   // memory for the device; it does not page-lock it. Without V2 there is no
-  // in-place pinning: the caller falls back to the pinned allocator
-  // (KVCacheOffloader does).
+  // in-place pinning: KVCacheOffloader then refuses, naming the size (it
+  // never takes the pinned allocator's rounded memory).
   TORCH_CHECK_NOT_IMPLEMENTED(
       api_.host_register_v2 != nullptr,
       "kvswap Ascend engine: this CANN has no aclrtHostRegisterV2, so host memory cannot be "

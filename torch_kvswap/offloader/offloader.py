@@ -103,8 +103,9 @@ class KVCacheOffloader(Lanes):
 
     The host mirrors have the device caches' per-block layout, in one
     allocation whose start and every mirror start on a 4 KiB page boundary,
-    pinned at its exact size where the engine supports it (the pinned
-    allocator's power-of-two rounding would waste up to half).
+    pinned in place at its exact size; where the engine cannot pin in place,
+    the first job is refused with the size and why (the pinned allocator's
+    power-of-two rounding would waste up to half).
     """
 
     def __init__(self, device_caches: Mapping[str, Any] | Sequence[Any], device_block_size: int,
