@@ -3,7 +3,7 @@
 _O = "torch_kvswap/offloader/"
 
 _T = ["tests/test_offloader.py"]
-_L = ["tests/test_offloader_lifecycle.py"]
+_LT = "tests/test_offloader_lifecycle.py::"
 
 MUTANTS = [
     dict(
@@ -46,16 +46,16 @@ MUTANTS = [
     dict(
         name="handler-mirror-not-page-aligned",
         file=_O + "caches.py",
-        where="pinned_host_buffer",
-        find="    start = -allocation.data_ptr() % _PAGE\n    buffer = allocation[start:start + nbytes]\n    registered = False\n",
-        replace="    start = 64\n    buffer = allocation[start:start + nbytes]\n    registered = False\n",
+        where="mirror_layout",
+        find="        total += -(-rows * bb // _PAGE) * _PAGE\n",
+        replace="        total += rows * bb\n",
         tests=_T,
         why="in-place registration needs the mirror buffer to start on a page boundary",
     ),
     dict(
         name="handler-mirror-padding-64k",
         file=_O + "caches.py",
-        where="allocate_mirrors",
+        where="mirror_layout",
         find="        total += -(-rows * bb // _PAGE) * _PAGE\n",
         replace="        total += -(-rows * bb // _PAGE) * _PAGE + 65536\n",
         tests=_T,
@@ -310,7 +310,7 @@ MUTANTS = [
         where="Lanes.shutdown",
         find="        with self._lock:\n            self._closed = True\n",
         replace="        _LIVE.discard(self)\n        with self._lock:\n            self._closed = True\n",
-        tests=_L,
+        tests=[_LT + "test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it", _LT + "test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish"],
         why="an offloader whose shutdown Ctrl-C interrupted must stay on the exit list until its "
             "workers stop: off it, exit leaves them copying into interpreter teardown (abort, 134)",
     ),
@@ -321,7 +321,7 @@ MUTANTS = [
         find="        with self._lock:\n            self._closed = True\n",
         replace="        with self._lock:\n            if self._closed:\n                return\n"
                 "            self._closed = True\n",
-        tests=_L,
+        tests=[_LT + "test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it", _LT + "test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish"],
         why="a shutdown after an interrupted one must finish it, not return with jobs pending",
     ),
     dict(
@@ -330,7 +330,7 @@ MUTANTS = [
         where="_forget_the_parents_offloaders",
         find="    _generation += 1\n    _LIVE.clear()",
         replace="    pass",
-        tests=_L,
+        tests=[_LT + "test_a_child_forked_with_jobs_in_flight_exits_at_once_with_its_own_status"],
         why="a child forked with jobs in flight would wait at exit for threads that exist only "
             "in the parent: it hangs",
     ),
@@ -340,7 +340,7 @@ MUTANTS = [
         where="Lanes._check_process",
         find="        if self._generation != _generation:",
         replace="        if False:",
-        tests=_L,
+        tests=[_LT + "test_a_forked_child_that_uses_its_parents_offloader_gets_a_clear_error"],
         why="in a forked child the parent's offloader has no workers: a job stored there never "
             "finishes and wait hangs; it must refuse, naming fork and the way out",
     ),
@@ -350,7 +350,7 @@ MUTANTS = [
         where="Lanes._start_lanes",
         find="            owner = weakref.ref(self)",
         replace="            owner = lambda: self  # noqa: E731",
-        tests=_L,
+        tests=[_LT + "test_ten_dropped_offloaders_are_collected_their_threads_stop_and_their_mirrors_are_freed"],
         why="worker threads that hold their offloader keep a dropped one, its threads and its "
             "mirrors, until exit",
     ),
@@ -360,7 +360,7 @@ MUTANTS = [
         where="_run_lane",
         find="        except BaseException as exc:",
         replace="        except Exception as exc:",
-        tests=_L,
+        tests=[_LT + "test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working"],
         why="SystemExit or KeyboardInterrupt inside a copy ended the worker: the job was never "
             "reported, wait blocked forever and later jobs never ran",
     ),
