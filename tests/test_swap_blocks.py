@@ -303,9 +303,18 @@ def test_meta_ids_with_real_caches_are_refused(which):
     src, dst = torch.ones(4, 2), torch.zeros(4, 2)
     block_ids = {"src_block_ids": torch.tensor([0]), "dst_block_ids": torch.tensor([1])}
     block_ids[which] = block_ids[which].to("meta")
-    with pytest.raises(RuntimeError, match="block ids on the meta device hold no values, but a "
-                                           "cache is a real tensor on cpu"):
+    with pytest.raises(RuntimeError, match=rf"{which} is on the meta device and holds no values, "
+                                           r"but src_caches\[0\] is a real tensor on cpu"):
         torch_kvswap.swap_blocks([src], [dst], **block_ids)
+    assert torch.equal(dst, torch.zeros(4, 2))
+
+
+def test_meta_sources_with_real_destinations_are_refused():
+    dst = torch.zeros(4, 2)
+    with pytest.raises(RuntimeError, match=r"src_caches\[0\] is on the meta device and holds no "
+                                           r"values, but dst_caches\[0\] is a real tensor on cpu"):
+        torch_kvswap.swap_blocks([torch.empty(4, 2, device="meta")], [dst],
+                                 torch.tensor([0]), torch.tensor([1]))
     assert torch.equal(dst, torch.zeros(4, 2))
 
 

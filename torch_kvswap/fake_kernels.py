@@ -41,15 +41,18 @@ def _check_one_device(caches, name: str) -> None:
                              f"{caches[0].device}; all tensors of one list share a device")
 
 
-def _refuse_meta_ids_on_real_caches(tensors) -> None:
-    """Meta ids reach this kernel in eager mode too (the Meta key wins the
-    dispatch) and carry no values: with real caches nothing would be copied."""
+def _refuse_meta_ids_on_real_caches(named: dict[str, torch.Tensor]) -> None:
+    """Meta tensors reach this kernel in eager mode too (the Meta key wins the
+    dispatch) and carry no values: with real tensors beside them nothing
+    would be copied. ``named``: each argument's tensors by name."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    real = [t for t in tensors if t.device.type != "meta" and not isinstance(t, FakeTensor)]
-    _refuse_unless(not real, lambda: (
-        f"block ids on the meta device hold no values, but a cache is a real tensor on "
-        f"{real[0].device}: pass the ids as int64 CPU tensors"))
+    meta = [n for n, t in named.items() if t.device.type == "meta"]
+    real = [(n, t) for n, t in named.items() if t.device.type != "meta" and not isinstance(t, FakeTensor)]
+    _refuse_unless(not (meta and real), lambda: (
+        f"{meta[0]} is on the meta device and holds no values, but {real[0][0]} is a real "
+        f"tensor on {real[0][1].device}: pass the block ids as int64 CPU tensors and every "
+        "cache on the device that holds it"))
 
 
 def _refuse_dynamic_storage_offset(dst_caches) -> None:
@@ -72,7 +75,6 @@ def _refuse_dynamic_storage_offset(dst_caches) -> None:
 def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
     from . import _compile_hooks  # imported by the package after this module
 
-    _refuse_meta_ids_on_real_caches([*src_caches, *dst_caches, src_block_ids, dst_block_ids])
     _refuse_dynamic_storage_offset(dst_caches)
 
     if not _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
@@ -82,6 +84,10 @@ def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
                          f"{len(dst_caches)}")
     _check_one_device(src_caches, "src_caches")
     _check_one_device(dst_caches, "dst_caches")
+    _refuse_meta_ids_on_real_caches({
+        **{f"src_caches[{i}]": c for i, c in enumerate(src_caches)},
+        **{f"dst_caches[{i}]": c for i, c in enumerate(dst_caches)},
+        "src_block_ids": src_block_ids, "dst_block_ids": dst_block_ids})
     for i, (s, d) in enumerate(zip(src_caches, dst_caches)):
         _refuse_unless(s.dtype == d.dtype,
                      lambda: f"src_caches[{i}] is {s.dtype} but dst_caches[{i}] is {d.dtype}")

@@ -468,7 +468,7 @@ MUTANTS = [
          why="a destination with a dynamic storage offset compiles: Inductor writes it at offset 0"),
     dict(name="meta_ids_on_real_caches_accepted", file="torch_kvswap/fake_kernels.py",
          where="_refuse_meta_ids_on_real_caches",
-         find="_refuse_unless(not real, lambda: (",
+         find="_refuse_unless(not (meta and real), lambda: (",
          replace="_refuse_unless(True, lambda: (",
          tests=[SWAP],
          why="meta ids with real caches return having copied nothing, silently"),
