@@ -464,7 +464,7 @@ MUTANTS = [
          where="_refuse_dynamic_storage_offset",
          find="_refuse_unless(is_concrete_int(d.storage_offset()), lambda: (",
          replace="_refuse_unless(True, lambda: (",
-         tests=[COMPILE],
+         tests=[COMPILE, "tests/test_compile_matrix.py"],
          why="a destination with a dynamic storage offset compiles: Inductor writes it at offset 0"),
     dict(name="meta_ids_on_real_caches_accepted", file="torch_kvswap/fake_kernels.py",
          where="_refuse_meta_ids_on_real_caches",
