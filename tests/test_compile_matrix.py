@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_kvswap
-from torch_kvswap._build_shared import release
+from torch_kvswap.fake_kernels import SHARED_DESTINATIONS_COMPILE
 
 BACKENDS = ["eager", "aot_eager", "inductor"]  # "eager": the op called without torch.compile
 MODES = ["static", "recompile", "dynamic", "mark_dynamic"]
@@ -29,24 +29,27 @@ CALLS = {
 
 
 def expected(backend: str, mode: str, layout: str, call: int) -> str:
-    """The spec: "exact" (the bytes eager mode writes) or "refused" (nothing written).
-
-    A destination that starts inside a storage, at an offset torch.compile
-    treats as dynamic, is refused at trace time by every compile backend.
-    """
+    """The spec: "exact" (the bytes eager mode writes), or refused with nothing
+    written: "refused: shared" (two destinations in one storage, before torch
+    2.13), "refused: dynamic offset" (a destination that starts inside a
+    storage, at an offset torch.compile treats as dynamic). Every compile
+    backend refuses alike: the checks run at trace time."""
     if backend == "eager" or layout in ("separate", "mla"):
         return "exact"
+    if not SHARED_DESTINATIONS_COMPILE:
+        return "refused: shared"
     if mode == "static" or (mode == "recompile" and call == 0):
         return "exact"
-    return "refused"
+    return "refused: dynamic offset"
 
 
-def known_loss(backend: str, mode: str, layout: str) -> bool:
-    """torch 2.10's Inductor writes the V half of a stacked cache wrongly even
-    with static shapes (a plain torch.library.custom_op does the same), and
-    swap_blocks does not refuse it there yet: the other V blocks are lost."""
-    return (release(torch.__version__)[:2] < (2, 13) and backend == "inductor"
-            and mode in ("static", "recompile") and layout in ("num_blocks_2", "2_num_blocks"))
+REFUSALS = {
+    "refused: shared": r"dst_caches\[0\] and dst_caches\[1\] share one storage.*Keep K and V "
+                       r"in separate tensors",
+    "refused: dynamic offset": r"dst_caches\[1\] starts at a storage offset that torch.compile "
+                               r"treats as dynamic.*Compile with dynamic=False, or keep K and V "
+                               r"in separate tensors",
+}
 
 
 def wholes(layout: str, num_blocks: int) -> list[torch.Tensor]:
@@ -94,10 +97,7 @@ def as_bytes(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_swap_blocks_is_exact_or_refused_with_nothing_written(backend, mode, layout, fresh_compile,
-                                                              request):
-    if known_loss(backend, mode, layout):
-        request.node.add_marker(pytest.mark.xfail(strict=True, reason=known_loss.__doc__))
+def test_swap_blocks_is_exact_or_refused_with_nothing_written(backend, mode, layout, fresh_compile):
     fn = call_under(backend, mode)
     for call, (num_blocks, n) in enumerate(CALLS[mode]):
         caches = wholes(layout, num_blocks)
@@ -117,8 +117,18 @@ def test_swap_blocks_is_exact_or_refused_with_nothing_written(backend, mode, lay
             fn(srcs, dsts, src_ids, dst_ids)
             assert all(torch.equal(a, b) for a, b in zip(as_bytes(caches), as_bytes(want))), where
         else:
-            with pytest.raises(Exception, match=r"(?s)dst_caches\[1\] starts at a storage offset "
-                               r"that torch.compile treats as dynamic.*Pass the stacked cache "
-                               r"itself into the compiled function.*compile with dynamic=False"):
+            with pytest.raises(Exception, match="(?s)" + REFUSALS[outcome]):
                 fn(srcs, dsts, src_ids, dst_ids)
             assert all(torch.equal(a, b) for a, b in zip(as_bytes(caches), before)), where
+
+
+def test_before_torch_2_13_two_destinations_in_one_storage_are_refused(fresh_compile, monkeypatch):
+    monkeypatch.setattr(torch_kvswap.fake_kernels, "SHARED_DESTINATIONS_COMPILE", False)
+    fn = torch.compile(lambda s, d, i, j: torch_kvswap.swap_blocks(s, d, i, j), backend="aot_eager",
+                       fullgraph=True, dynamic=False)
+    kv = wholes("num_blocks_2", 8)
+    before = as_bytes(kv)
+    srcs = [torch.zeros(SOURCE_BLOCKS, WIDTH), torch.ones(SOURCE_BLOCKS, WIDTH)]
+    with pytest.raises(Exception, match="(?s)" + REFUSALS["refused: shared"]):
+        fn(srcs, destinations("num_blocks_2", kv), *ids(2, 8))
+    assert all(torch.equal(a, b) for a, b in zip(as_bytes(kv), before))

@@ -55,6 +55,29 @@ def _refuse_meta_ids_on_real_caches(named: dict[str, torch.Tensor]) -> None:
         "cache on the device that holds it"))
 
 
+#: Before torch 2.13, Inductor writes the second of two destinations that
+#: share one storage (the K and V halves of a stacked cache) at the first's
+#: place even with static shapes, as it does for any custom op that mutates
+#: such views (docs/ops.md, "What compiles, and what is refused";
+#: tests/test_compile_matrix.py). Releases before 2.13 therefore refuse them.
+SHARED_DESTINATIONS_COMPILE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
+
+
+def _refuse_shared_destinations(dst_caches) -> None:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if SHARED_DESTINATIONS_COMPILE:
+        return
+    first: dict = {}
+    for i, d in enumerate(dst_caches):
+        j = first.setdefault(StorageWeakRef(d.untyped_storage()).cdata, i)
+        _refuse_unless(j == i, lambda: (
+            f"dst_caches[{j}] and dst_caches[{i}] share one storage (two halves of one stacked "
+            f"cache), and torch {torch.__version__}'s torch.compile writes such views at the "
+            "wrong place (fixed in torch 2.13). Keep K and V in separate tensors, call "
+            "swap_blocks outside the compiled region, or use torch 2.13 or newer"))
+
+
 def _refuse_dynamic_storage_offset(dst_caches) -> None:
     """Inductor's clone of a mutated input whose storage offset is dynamic
     regenerates the view at offset 0 (its sym_storage_offset of a graph input
@@ -67,14 +90,14 @@ def _refuse_dynamic_storage_offset(dst_caches) -> None:
             f"({d.storage_offset()}), as a half of one stacked [num_blocks, 2, ...] or "
             "[2, num_blocks, ...] cache does under dynamic shapes; Inductor would write it at "
             "the wrong offset. "
-            "Pass the stacked cache itself into the compiled function and take its halves "
-            "inside, or compile with dynamic=False"))
+            "Compile with dynamic=False, or keep K and V in separate tensors"))
 
 
 @torch.library.register_fake("kvswap::swap_blocks")
 def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
     from . import _compile_hooks  # imported by the package after this module
 
+    _refuse_shared_destinations(dst_caches)
     _refuse_dynamic_storage_offset(dst_caches)
 
     if not _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
