@@ -188,14 +188,6 @@ def test_release_during_registration_stops_and_undoes_what_was_registered(runtim
                                        (PAGE, PAGE, False), (0, PAGE, False)]
 
 
-@pytest.mark.parametrize("lo,hi", [(0, 1), (2, 4), (5, 6), (5, 9), (-3, 1)])
-def test_mirror_spans_are_the_rows_bytes_in_every_mirror_clamped_to_it(lo, hi):
-    memory, mirrors = caches.allocate_mirrors([torch.zeros(1, 1024), torch.zeros(1, 1024)],
-                                              [4096, 4096], 6, torch.device("cpu"), False)
-    a, b = max(lo, 0) * PAGE, min(hi, 6) * PAGE
-    assert caches.mirror_spans(mirrors, memory.buffer, lo, hi) == [(a, b), (6 * PAGE + a, 6 * PAGE + b)]
-
-
 # --- NUMA -------------------------------------------------------------------------
 
 

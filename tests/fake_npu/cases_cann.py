@@ -571,6 +571,7 @@ def test_shutdown_survives_an_unregister_failure(fake, caplog):
 
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=4, num_host_blocks=4)
+    off.host_memory.wait()  # pinned in the background
     assert fake.kind(off.host_tensors[0].data_ptr()) == "pinned"
     kept = len(offloader_caches._STILL_REGISTERED)
     fake.fail("aclrtHostUnregister", RT_PARAM_INVALID)

@@ -152,19 +152,6 @@ def allocate_mirrors(tensors: list[torch.Tensor], block_bytes: list[int], rows: 
     return memory, mirrors
 
 
-def mirror_spans(mirrors: list[torch.Tensor], buffer: torch.Tensor, lo: int, hi: int
-                 ) -> list[tuple[int, int]]:
-    """The byte spans of ``buffer`` that rows ``lo..hi-1`` of every mirror
-    occupy (rows clamped to each mirror)."""
-    base, spans = buffer.data_ptr(), []
-    for m in mirrors:
-        a, b = max(lo, 0), min(hi, m.shape[0])
-        if a < b:
-            row = m.stride(0) * m.element_size()
-            spans.append((m.data_ptr() - base + a * row, m.data_ptr() - base + b * row))
-    return spans
-
-
 def unregister_mirrors(buffer: torch.Tensor, device: torch.device,
                        chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
     """Undoes :func:`pinned_host_buffer`'s registration of ``buffer``, chunk by

@@ -50,7 +50,7 @@ import torch
 
 from .. import _checked
 from .caches import allocate_mirrors, check_groups, check_groups_do_not_alias, flatten_caches, \
-    mirror_spans, unregister_mirrors
+    unregister_mirrors
 from .host_memory import DEFAULT_CHUNK_BYTES, HostMemory
 from .lanes import Job, Lanes
 from .planning import Planner, as_ids, as_job_id
@@ -183,16 +183,15 @@ class KVCacheOffloader(Lanes):
         self.pinned = bool(pin)
         return self.host_memory.buffer._base, self.host_memory.buffer, mirrors
 
-    def _wait_for_mirrors(self, lane: str, src: np.ndarray, dst: np.ndarray) -> None:
-        """Blocks until the host rows a job touches are page-locked."""
-        host = dst if lane == "store" else src
-        if self.host_memory is not None and not self.host_memory.settled and len(host):
-            lo, hi = int(host.min()) * self.factor, (int(host.max()) + 1) * self.factor
-            self.host_memory.wait(mirror_spans(self.host_tensors, self._buffer, lo, hi))
+    def _wait_for_mirrors(self) -> None:
+        """Blocks until the mirrors are page-locked: a job hands swap_blocks
+        whole mirrors, and the core checks each host tensor at both ends."""
+        if self.host_memory is not None and not self.host_memory.settled:
+            self.host_memory.wait()
 
     def _submit(self, job_id: int, lane: str, src: np.ndarray, dst: np.ndarray,
                 offsets: int | Sequence[int] | None, group_sizes: Sequence[int] | None) -> bool:
-        self._wait_for_mirrors(lane, src, dst)
+        self._wait_for_mirrors()
         return super()._submit(job_id, lane, src, dst, offsets, group_sizes)
 
     def _release_mirrors(self) -> None:
