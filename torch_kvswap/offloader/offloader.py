@@ -98,7 +98,7 @@ class KVCacheOffloader(Lanes):
             node where the machine has more than one.
         register_chunk_bytes: the most bytes one page-locking call takes
             (a multiple of 4096; default 64 GiB). Registration runs in the
-            background; a job waits only for the chunks it touches
+            background; the first job waits for it to end
             (:attr:`host_memory` reports the times).
 
     The host mirrors have the device caches' per-block layout, in one
