@@ -31,7 +31,8 @@ RUNS = int(os.environ.get("KVSWAP_LIFECYCLE_RUNS", "3"))
 TIMEOUT = 60  # seconds per child; a hang shows as a timeout, never as a stuck suite
 
 # A 16-block cache stored whole into 8 host blocks (factor 2), by a copy that
-# repeats for SLOW seconds, so the job is surely running when the signal comes.
+# repeats for SLOW seconds, or in the Ctrl-C cases until the signal came, so
+# the job is surely running when it comes, however loaded the machine.
 # At exit, after torch_kvswap's own exit handler, the child says whether the
 # mirror holds the cache: a job is either copied whole or the process says so.
 PRELUDE = textwrap.dedent("""
@@ -45,7 +46,16 @@ PRELUDE = textwrap.dedent("""
 
     atexit.register(verify)
     import torch, torch_kvswap
+    import signal
     SLOW = 1.0
+    until_sigint = False  # the Ctrl-C cases: copy until the signal came (30 s at most)
+    interrupted = threading.Event()
+
+    def on_sigint(signum, frame):
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_sigint)
     device = torch.randn(16, 8, 128, 128)  # 16 blocks of 512 KiB
     off = torch_kvswap.KVCacheOffloader({"l": device}, 1, 2, num_host_blocks=8)
     state.update(mirror=off.host_tensors[0], device=device)
@@ -53,8 +63,11 @@ PRELUDE = textwrap.dedent("""
 
     def slow_copy(job):
         t0 = time.monotonic()
-        while time.monotonic() - t0 < SLOW:
+        while True:
             real_copy(job)
+            elapsed = time.monotonic() - t0
+            if (interrupted.is_set() if until_sigint else elapsed >= SLOW) or elapsed >= 30:
+                break
 
     def say(marker):
         print(marker, flush=True)
@@ -109,6 +122,7 @@ def outcome(status, out, err):
 
 INTERRUPTED_SHUTDOWN = {
     "shutdown()": """
+        until_sigint = True
         off._copy = slow_copy
         store_all(0)
         real_wait = off.wait
@@ -118,6 +132,7 @@ INTERRUPTED_SHUTDOWN = {
         say("RETURNED")
     """,
     "leaving with": """
+        until_sigint = True
         off._copy = slow_copy
         real_wait = off.wait
         off.wait = lambda *a, **k: (setattr(off, "wait", real_wait), say("IN_SHUTDOWN"),
@@ -142,6 +157,7 @@ def test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish
 
 def test_ctrl_c_during_wait_raises_keyboard_interrupt_and_the_offloader_keeps_working():
     body = """
+        until_sigint = True
         off._copy = slow_copy
         store_all(0)
         try:
