@@ -188,6 +188,17 @@ class BuildWithSummary(BuildExtension):
         self.stamp(ext).write_text(self.fingerprints[ext.name])
         print(f"torch_kvswap: the {label} compiled in {elapsed(time.monotonic() - start)}", file=self.progress)
 
+    def copy_extensions_to_source(self) -> None:
+        """In place, only what this run compiled is copied into the tree: a
+        skipped extension is already there, and its copy in build/ may be
+        gone (a wheel build drops the test fakes from build/)."""
+        every = self.extensions
+        self.extensions = [e for e in every if e in self.to_build]
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.extensions = every
+
     def opening_lines(self) -> list[str]:
         """What this run will compile with rough durations, or one line saying
         that nothing is stale (no banner for a rebuild that compiles nothing)."""

@@ -525,6 +525,17 @@ def test_a_rebuild_that_compiles_nothing_prints_no_banner(tiny_build):
     assert _so(tree).stat().st_mtime_ns == built  # not even linked anew
 
 
+def test_a_rebuild_that_compiles_nothing_needs_no_copy_in_build(tiny_build):
+    # A wheel build drops the test fakes from build/; the in-place extension
+    # stays, and the next in-place build must not look for build/'s copy.
+    tree = tiny_build[0]
+    _build_in_place(tree)
+    for copy in (tree / "build").glob("lib*/torch_kvswap/_C*.so"):
+        copy.unlink()
+    assert "nothing to compile" in _build_in_place(tree)
+    assert _so(tree).is_file()
+
+
 def test_a_changed_header_rebuilds_its_extension(tiny_build):
     tree = tiny_build[0]
     later = _so(tree).stat().st_mtime + 5

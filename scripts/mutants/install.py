@@ -159,4 +159,14 @@ MUTANTS = [
         tests=[T + "::test_changed_compiler_flags_rebuild_an_extension_newer_than_its_sources"],
         why="a new torch, TORCH_CUDA_ARCH_LIST or KVSWAP_FAKE_COVERAGE keeps the extension built for the old one",
     ),
+    dict(
+        name="install-skipped-extension-copied-from-build",
+        file="setup_helpers/build_command.py",
+        where="copy_extensions_to_source",
+        find="        self.extensions = [e for e in every if e in self.to_build]\n",
+        replace="        self.extensions = list(every)\n",
+        tests=["tests/test_install.py::test_a_rebuild_that_compiles_nothing_needs_no_copy_in_build"],
+        why="an in-place build that compiled nothing failed once build/ had lost its copy of an "
+            "extension (the wheel build drops the test fakes there), as CI's torch matrix step did",
+    ),
 ]
