@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import platform
 import threading
+import time
 
 import pytest
 import torch
@@ -107,6 +108,48 @@ def test_prefault_makes_every_page_resident_and_keeps_the_bytes_zero(method, mon
     assert resident_pages(buffer) == 0
     assert host_memory.prefault(buffer, threads=4) == method
     assert resident_pages(buffer) == 37 and not buffer.any()
+
+
+def _slowed(fn, seconds=0.05):
+    def slow(*args):
+        time.sleep(seconds)
+        return fn(*args)
+    return slow
+
+
+@pytest.mark.parametrize("slow,chosen", [("_populate", "touch"), ("_touch", "madvise")])
+def test_auto_prefault_measures_both_methods_and_faults_the_rest_in_with_the_faster(slow, chosen, monkeypatch):
+    if tuple(int(x) for x in platform.release().split(".")[:2]) < (5, 14):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    monkeypatch.setattr(host_memory, "PROBE_BYTES", 4 * PAGE)
+    monkeypatch.setattr(host_memory, slow, _slowed(getattr(host_memory, slow)))
+    buffer = host_memory.map_exact(4 * 4 * PAGE + 3 * PAGE)  # four probes and a tail
+    assert host_memory.prefault(buffer, threads=2) == chosen
+    assert resident_pages(buffer) == 19 and not buffer.any()
+
+
+@pytest.mark.parametrize("pages", [4 * 4 - 1, 4 * 4])
+def test_auto_prefault_measures_only_a_buffer_of_at_least_four_probes(pages, monkeypatch):
+    if tuple(int(x) for x in platform.release().split(".")[:2]) < (5, 14):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
+    monkeypatch.setattr(host_memory, "PROBE_BYTES", 4 * PAGE)
+    monkeypatch.setattr(host_memory, "_populate", _slowed(host_memory._populate))
+    buffer = host_memory.map_exact(pages * PAGE)
+    assert host_memory.prefault(buffer, threads=2) == ("madvise" if pages < 16 else "touch")
+    assert resident_pages(buffer) == pages and not buffer.any()
+
+
+def test_auto_prefault_touches_where_the_kernel_refuses_populate(monkeypatch):
+    monkeypatch.setattr(host_memory, "PROBE_BYTES", 4 * PAGE)
+    monkeypatch.setattr(host_memory, "_populate", lambda address, length: False)
+    buffer = host_memory.map_exact(17 * PAGE)
+    assert host_memory.prefault(buffer, threads=2) == "touch"
+    assert resident_pages(buffer) == 17 and not buffer.any()
+
+
+def test_prefault_names_an_unknown_method():
+    with pytest.raises(ValueError, match="method must be 'auto', 'madvise' or 'touch', not 'fast'"):
+        host_memory.prefault(host_memory.map_exact(PAGE), threads=1, method="fast")
 
 
 @pytest.mark.parametrize("nbytes,spans", [
@@ -282,13 +325,33 @@ def test_mbind_to_node_0_succeeds_here_and_refuses_a_bad_node():
 # --- the benchmark ------------------------------------------------------------------
 
 
-def test_the_host_memory_bench_reports_ratios_of_medians_against_zeros(tmp_path, capsys, monkeypatch):
+def test_the_host_memory_bench_reports_ratios_of_medians_against_zeros(monkeypatch):
     from torch_kvswap.bench import host_memory as bench
 
-    times = iter([0.4, 0.2, 0.1, 0.3, 0.5, 0.1])  # zeros, ready; zeros, ready; ...
-    monkeypatch.setattr(bench, "timed", lambda fn: (next(times), fn()))
-    rows = bench.ready_rows([1 / 1024], 3, torch.device("cpu"))
-    assert rows == [{"gib": 1 / 1024, "zeros_s": 0.4, "ready_s": 0.2, "ratio": 0.5}]
+    # a warm-up round, then three counted ones; each contestant goes first in every other round
+    order = []
+    times = iter([9.0, 9.0, 0.4, 0.2, 0.1, 0.3, 0.5, 0.1])
+
+    def timed(fn):
+        order.append("zeros" if "zeros" in fn.__code__.co_names else "ready")
+        return next(times), fn()
+
+    settled = []
+    monkeypatch.setattr(bench, "timed", timed)
+    monkeypatch.setattr(bench, "settle", settled.append)
+    rows = bench.ready_rows([1 / 1024], 3, torch.device("cpu"), warmup=1)
+    assert order == ["zeros", "ready", "ready", "zeros", "zeros", "ready", "ready", "zeros"]
+    assert settled == [1 << 20] * 8  # every timed allocation starts from the same state
+    # counted: ready 0.4, zeros 0.2; zeros 0.1, ready 0.3; ready 0.5, zeros 0.1
+    assert rows == [{"gib": 1 / 1024, "zeros_s": 0.1, "ready_s": 0.4, "ratio": 4.0,
+                     "zeros_all_s": [0.2, 0.1, 0.1], "ready_all_s": [0.4, 0.3, 0.5]}]
+
+
+def test_the_host_memory_bench_refuses_a_negative_warmup():
+    from torch_kvswap.bench import host_memory as bench
+
+    with pytest.raises(SystemExit, match="--warmup must be >= 0"):
+        bench.main(["--warmup", "-1"])
 
 
 def test_the_host_memory_bench_runs_from_the_command_line(tmp_path):

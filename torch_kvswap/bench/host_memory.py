@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--gib", type=float, nargs="+", default=[1, 4, 8], help="mirror sizes, GiB")
     p.add_argument("--repeats", type=int, default=5, help="rounds of each; medians are reported")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="rounds of each run first and not counted: a virtual machine's first touch of "
+                        "memory it has not touched before is paid by whichever allocation comes first")
     p.add_argument("--device", default="cpu",
                    help="the device the mirrors serve (an accelerator's are page-locked)")
     p.add_argument("--tensors", type=int, nargs="*", default=[2, 32, 256],
@@ -42,25 +45,48 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def settle(nbytes: int) -> None:
+    """Touches and frees ``nbytes`` before a timed allocation, so each one
+    starts from the same state of the machine's free memory: on a virtual
+    machine that reports freed pages back to its host, an allocation right
+    after a large free and one after a pause cost up to 4x apart, and the
+    order of the two contestants would decide the ratio."""
+    torch.ones(nbytes, dtype=torch.uint8)
+    gc.collect()
+
+
 def ready(nbytes: int, device: torch.device) -> HostMemory:
     memory = HostMemory(nbytes, device, device.type != "cpu", numa_node=numa.choose_node(device, None))
     memory.wait()
     return memory
 
 
-def ready_rows(sizes_gib: list[float], repeats: int, device: torch.device) -> list[dict]:
+def ready_rows(sizes_gib: list[float], repeats: int, device: torch.device,
+               warmup: int = 0) -> list[dict]:
     rows = []
     for gib in sizes_gib:
         nbytes = int(gib * (1 << 30))
-        zeros, mirrors = [], []
-        for _ in range(repeats):  # interleaved: both see the same machine
-            zeros.append(timed(lambda: torch.zeros(nbytes, dtype=torch.uint8))[0])
+
+        def zeros() -> float:
+            settle(nbytes)
+            return timed(lambda: torch.zeros(nbytes, dtype=torch.uint8))[0]
+
+        def mirrors() -> float:
+            settle(nbytes)
             seconds, memory = timed(lambda: ready(nbytes, device))
             memory.release()
-            mirrors.append(seconds)
-            del memory
-        z, m = statistics.median(zeros), statistics.median(mirrors)
-        rows.append({"gib": gib, "zeros_s": z, "ready_s": m, "ratio": m / z})
+            return seconds
+
+        times: dict[str, list[float]] = {"zeros": [], "ready": []}
+        for i in range(warmup + repeats):  # interleaved, each first in every other round
+            order = [("zeros", zeros), ("ready", mirrors)]
+            for name, fn in order if i % 2 == 0 else order[::-1]:
+                seconds = fn()
+                if i >= warmup:
+                    times[name].append(seconds)
+        z, m = statistics.median(times["zeros"]), statistics.median(times["ready"])
+        rows.append({"gib": gib, "zeros_s": z, "ready_s": m, "ratio": m / z,
+                     "zeros_all_s": times["zeros"], "ready_all_s": times["ready"]})
     return rows
 
 
@@ -81,10 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
+    if args.warmup < 0:
+        raise SystemExit("--warmup must be >= 0")
     device = torch.device(args.device)
-    result = {"ready": ready_rows(args.gib, args.repeats, device),
+    result = {"ready": ready_rows(args.gib, args.repeats, device, args.warmup),
               "construction": construction_rows(args.tensors, args.host_blocks, args.repeats)}
-    print(f"mirrors ready on {device} against torch.zeros of the same bytes (median of {args.repeats})")
+    print(f"mirrors ready on {device} against torch.zeros of the same bytes (median of {args.repeats}, "
+          f"after {args.warmup} uncounted round(s) of each)")
     print(f"{'GiB':>6} {'zeros s':>9} {'ready s':>9} {'ratio':>7}")
     for r in result["ready"]:
         print(f"{r['gib']:>6g} {r['zeros_s']:>9.3f} {r['ready_s']:>9.3f} {r['ratio']:>7.3f}")

@@ -54,25 +54,55 @@ def map_exact(nbytes: int) -> torch.Tensor:
                             dtype=torch.uint8)
 
 
-def _pieces(n: int, count: int) -> list[tuple[int, int]]:
-    step = max(-(-n // count // PAGE) * PAGE, PAGE)
-    return [(a, min(a + step, n)) for a in range(0, n, step)]
+def _pieces(start: int, end: int, count: int) -> list[tuple[int, int]]:
+    step = max(-(-(end - start) // count // PAGE) * PAGE, PAGE)
+    return [(a, min(a + step, end)) for a in range(start, end, step)]
 
 
 def _populate(address: int, length: int) -> bool:
     return _libc.madvise(address, length, MADV_POPULATE_WRITE) == 0
 
 
-def prefault(buffer: torch.Tensor, threads: int) -> str:
-    """Faults every page of ``buffer`` in, on ``threads`` threads at once:
-    ``MADV_POPULATE_WRITE`` where the kernel has it (returns ``"madvise"``),
-    else a write of one byte per page (``"touch"``; the bytes stay zero)."""
+def _touch(buffer: torch.Tensor, start: int, end: int) -> None:
+    buffer[start:end:PAGE].zero_()
+
+
+#: bytes faulted in by each method first when ``prefault`` chooses by measuring
+PROBE_BYTES = 32 << 20
+
+
+def prefault(buffer: torch.Tensor, threads: int, method: str = "auto") -> str:
+    """Faults every page of ``buffer`` in, on ``threads`` threads at once, and
+    returns how: ``"madvise"`` (``MADV_POPULATE_WRITE``: the kernel faults
+    the pages in) or ``"touch"`` (a write of one byte per page; the bytes
+    stay zero). Where the kernel has no ``MADV_POPULATE_WRITE`` (before Linux
+    5.14) it is ``"touch"``.
+
+    ``method="auto"`` times both on ``PROBE_BYTES`` each at the start of a
+    buffer of at least four probes and faults the rest in with the faster:
+    on bare metal the kernel's populate saves an exception per page, but
+    under a hypervisor that shadows page tables it measured 2x slower than
+    the touch (docs/performance.md, "Host mirrors ready")."""
+    if method not in ("auto", "madvise", "touch"):
+        raise ValueError(f"prefault: method must be 'auto', 'madvise' or 'touch', not {method!r}")
     n, base = buffer.numel(), buffer.data_ptr()
-    pieces = _pieces(n, max(int(threads), 1))
+    start = 0
+    if method == "auto":
+        method = "madvise"
+        if n >= 4 * PROBE_BYTES:
+            t0 = time.perf_counter()
+            if _populate(base, PROBE_BYTES):
+                t1 = time.perf_counter()
+                _touch(buffer, PROBE_BYTES, 2 * PROBE_BYTES)
+                t2 = time.perf_counter()
+                method, start = ("madvise" if t1 - t0 <= t2 - t1 else "touch"), 2 * PROBE_BYTES
+    pieces = _pieces(start, n, max(int(threads), 1))
+    if not pieces:
+        return method
     with ThreadPoolExecutor(len(pieces)) as pool:
-        if all(pool.map(lambda p: _populate(base + p[0], p[1] - p[0]), pieces)):
+        if method == "madvise" and all(pool.map(lambda p: _populate(base + p[0], p[1] - p[0]), pieces)):
             return "madvise"
-        list(pool.map(lambda p: buffer[p[0]:p[1]:PAGE].zero_(), pieces))
+        list(pool.map(lambda p: _touch(buffer, *p), pieces))
     return "touch"
 
 
