@@ -243,22 +243,48 @@ def test_setup_py_and_the_package_share_one_install_command_version_parse_and_en
     assert _loader.release is _build_shared.release and envreport.engine_state is _build_shared.engine_state
 
 
-def test_the_shared_build_module_imports_only_the_standard_library():
+def test_the_shared_build_module_imports_only_the_standard_library_at_module_level():
     import ast
 
     tree = ast.parse((ROOT / "torch_kvswap" / "_build_shared.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+    imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import)
                 for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+    imported |= {node.module.split(".")[0] for node in tree.body
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported and imported <= set(sys.stdlib_module_names), imported
 
 
+def test_release_reads_versions_with_torchs_vendored_packaging_where_packaging_is_missing(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_packaging(name, *args, **kwargs):
+        if name == "packaging.version":
+            raise ImportError("No module named 'packaging'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_packaging)
+    assert setup_py.release("2.10") == (2, 10, 0)
+
+
 @pytest.mark.parametrize("version, expected", [
     ("2.13.0+cpu", (2, 13, 0)), ("2.10.0.post4", (2, 10, 0)), ("2.15.0", (2, 15, 0)),
-    ("12.8", (12, 8)), ("70.1.0", (70, 1, 0)), ("2.14.0a0+git1234", (2, 14, 0))])
+    ("12.8", (12, 8, 0)), ("2.10", (2, 10, 0)), ("70.1.0", (70, 1, 0)), ("2.14.0a0+git1234", (2, 14, 0)),
+    ("0.11.1.dev123+g456.d20251010", (0, 11, 1)), ("13", (13, 0, 0))])
 def test_release_reads_major_minor_patch_without_the_local_tag(version, expected):
     assert setup_py.release(version) == expected
+
+
+def test_release_compares_a_short_version_equal_to_its_full_form():
+    assert setup_py.release("2.10") == setup_py.release("2.10.0") == setup_py.release("2.10.0+cu128")
+    assert setup_py.release("70.1") >= (70, 1) and not setup_py.release("70.0.9") >= (70, 1)
+
+
+@pytest.mark.parametrize("version", ["", "unknown", "2.x"])
+def test_release_names_a_string_that_is_not_a_version(version):
+    with pytest.raises(ValueError, match=f"{version!r} is not a version string"):
+        setup_py.release(version)
 
 
 def test_an_engine_entry_reads_built_with_its_architectures_or_not_built_with_reason_and_remedy():

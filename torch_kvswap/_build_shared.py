@@ -4,20 +4,29 @@ of the build record (``_build_info.json``) reads.
 
 setup.py cannot import the package (its ``__init__`` loads the compiled
 extensions), so it loads this file by its path; hence only the standard
-library here.
+library at module level (``release`` imports ``packaging`` when called).
 """
 
 from __future__ import annotations
 
-import re
-
 INSTALL_COMMAND = "pip install --no-build-isolation ."
 
 
-def release(version: str) -> tuple[int, ...]:
-    """(major, minor, patch) of a version string such as '2.13.0+cpu'; the
-    local tag after '+' (the build variant) does not count."""
-    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+def release(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of a version string, read by ``packaging.version``
+    (torch's vendored copy where packaging is not installed): the local tag
+    after '+' (the build variant) and the pre-, post- and dev-release parts do
+    not count, and a missing part is 0, so '2.10' and '2.10.0.post4' are both
+    (2, 10, 0). A string that is not a version raises ``ValueError`` naming it."""
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # setuptools vendors its own; torch does too
+        from torch._vendor.packaging.version import InvalidVersion, Version
+    try:
+        parts = Version(version).release
+    except InvalidVersion:
+        raise ValueError(f"{version!r} is not a version string (PEP 440)") from None
+    return (tuple(parts) + (0, 0))[:3]
 
 
 def engine_state(key: str, entry: dict, cuda_arch_list: str | None = None) -> str:

@@ -179,8 +179,10 @@ def _params(fn: Any) -> list[str] | None:
 
 def _major_minor(version: str) -> tuple[int, int] | None:
     """(major, minor) of a vLLM version string; None when it is not a release number."""
-    numbers = release(version)
-    return (numbers[0], numbers[1]) if len(numbers) >= 2 else None
+    try:
+        return release(version)[:2]
+    except ValueError:
+        return None
 
 
 def _launches(fn: Any) -> bool | None:
