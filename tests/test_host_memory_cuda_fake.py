@@ -1,15 +1,19 @@
 """Host mirrors' memory through the CUDA engine, on the fake CUDA runtime
 (tests/fake_cuda): exact sizes, chunked in-place registration under the
 runtime's per-call limit, a refused chunk undone and named, and the bytes
-page-locked (the fake's cost clock). The Ascend engine's counterpart is
-tests/fake_npu/cases_host_memory.py."""
+page-locked (the fake's cost clock), construction that returns while the
+registration goes on. The Ascend engine's counterpart is
+tests/fake_npu/cases_host_memory.py (where the offloader itself runs; its
+streams are torch's CUDA objects here, so the buffer is tested alone)."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
-from torch_kvswap.offloader import caches
+from torch_kvswap.offloader import caches, host_memory
 from torch_kvswap.offloader.host_memory import PAGE, HostMemory
 
 from test_cuda_fake import CUDA, F, fake  # noqa: F401 - the fixture; skips where the fake is not built
@@ -53,3 +57,32 @@ def test_a_chunk_over_the_runtimes_limit_is_refused_named_and_the_rest_undone(fa
                                            r"was refused .*cudaErrorMemoryAllocation"):
         memory.wait()
     assert not mapped(memory.buffer[:PAGE]) and fake.host_register_bytes() == 0
+
+
+def test_construction_returns_before_registration_ends_and_a_wait_blocks_until_it_does(fake, monkeypatch):
+    """Chunk 1 of 3 is held back: the buffer is constructed (mapped and
+    pre-faulted) while chunk 1 is still being page-locked; ``wait`` blocks
+    until every chunk is, then the runtime counts every byte pinned once."""
+    go, held, real = threading.Event(), threading.Event(), host_memory.register
+
+    def slow(buffer, device, pin):
+        if pin and fake.count_calls("cudaHostRegister") == 1:
+            held.set()
+            assert go.wait(10)
+        real(buffer, device, pin)
+    monkeypatch.setattr(host_memory, "register", slow)
+    memory = HostMemory(3 * PAGE, DEV, True, chunk_bytes=PAGE)
+    try:
+        assert held.wait(10) and memory.register_seconds is None  # constructed, still registering
+        assert fake.host_register_bytes() == PAGE
+        waiter = threading.Thread(target=memory.wait)
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive()  # waits for chunks 1 and 2
+        go.set()
+        waiter.join(10)
+        assert not waiter.is_alive() and memory.register_seconds is not None
+        assert fake.host_register_bytes() == 3 * PAGE and mapped(memory.buffer)
+    finally:
+        go.set()
+        memory.release()

@@ -288,6 +288,19 @@ MUTANTS = [
         why="the probes would be most of a small buffer, their timing noise deciding the method",
     ),
     dict(
+        name="host-memory-registers-before-construction-returns",
+        file=_O + "host_memory.py",
+        where="HostMemory.__init__",
+        find="            self._thread.start()\n",
+        replace="            self._thread.start()\n            self._thread.join()\n",
+        tests=["tests/test_host_memory_cuda_fake.py::"
+               "test_construction_returns_before_registration_ends_and_a_wait_blocks_until_it_does",
+               "tests/test_ascend_fake.py::test_fake_npu[main-cases_host_memory-"
+               "test_construction_returns_before_registration_ends_and_the_first_job_waits_for_it]"],
+        why="page-locking hundreds of GiB at about 0.1 s per GB would hold up start-up by minutes",
+        timeout=120,
+    ),
+    dict(
         name="numa-binding-skipped",
         file=_O + "host_memory.py",
         where="HostMemory.__init__",
