@@ -202,16 +202,15 @@ def test_pinned_host_buffer_refuses_rather_than_round_when_pinning_is_refused(ru
         caches.pinned_host_buffer(12345, DEV, pin=True)
 
 
-def test_construction_returns_before_registration_ends_and_a_job_waits_for_its_chunk(runtime):
+def test_construction_returns_before_registration_ends_and_a_wait_blocks_until_it_does(runtime):
     r = runtime(hold=1)  # chunk 1 of 3 is held
     memory = HostMemory(3 * PAGE, DEV, True, chunk_bytes=PAGE)
     assert r.held.wait(10)
-    assert memory.register_seconds is None  # still registering
-    memory.wait([(0, PAGE)])  # chunk 0 is ready
-    waiter = threading.Thread(target=memory.wait, args=([(PAGE, PAGE + 1)],))
+    assert memory.register_seconds is None and not memory.settled  # still registering
+    waiter = threading.Thread(target=memory.wait)
     waiter.start()
     waiter.join(0.2)
-    assert waiter.is_alive()  # chunk 1 is not
+    assert waiter.is_alive()  # chunks 1 and 2 are not registered yet
     r.go.set()
     waiter.join(10)
     assert not waiter.is_alive()

@@ -136,8 +136,8 @@ def unregister_chunks(buffer: torch.Tensor, device: torch.device, spans: Iterabl
 class HostMemory:
     """One exact-size host buffer: allocated, bound to ``numa_node``,
     pre-faulted, then (with ``pin``) page-locked chunk by chunk on a
-    background thread. ``wait(spans)`` blocks until the chunks holding those
-    byte spans are registered; the times each step took are attributes."""
+    background thread. ``wait()`` blocks until every chunk is registered;
+    the times each step took are attributes."""
 
     def __init__(self, nbytes: int, device: torch.device, pin: bool, *,
                  numa_node: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -166,7 +166,7 @@ class HostMemory:
         self.registered: list[tuple[int, int]] = []
         #: why registration failed (None: it did not)
         self.error: str | None = None
-        self._ready = [threading.Event() for _ in self.spans]
+        self._done = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self.spans:  # a thread holds self until it ends: only one that will end
@@ -186,11 +186,9 @@ class HostMemory:
                     self._refuse(i, a, b, exc)
                     return
                 self.registered.append((a, b))
-                self._ready[i].set()
         finally:
             self.register_seconds = time.perf_counter() - start
-            for e in self._ready:
-                e.set()
+            self._done.set()
 
     def _refuse(self, i: int, a: int, b: int, exc: BaseException) -> None:
         if "may still be registered" in str(exc):
@@ -208,16 +206,16 @@ class HostMemory:
     @property
     def settled(self) -> bool:
         """Registration is over and succeeded (or there was none): no job waits."""
-        return (not self._ready or self._ready[-1].is_set()) and self.error is None
+        return (not self.spans or self._done.is_set()) and self.error is None
 
-    def wait(self, spans: Iterable[tuple[int, int]] = ((0, 1 << 62),)) -> None:
-        """Blocks until every chunk holding a byte of ``spans`` is registered
-        (default: all); raises ``RuntimeError`` if registration failed."""
+    def wait(self) -> None:
+        """Blocks until every chunk is registered (the offloader's first job
+        waits here: the core checks a host tensor page-locked at both ends, so
+        it is handed whole mirrors); raises ``RuntimeError`` if registration
+        failed."""
         start = time.perf_counter()
-        size = self.chunk_bytes
-        for a, b in spans:
-            for i in range(a // size, min(-(-b // size), len(self._ready))):
-                self._ready[i].wait()
+        if self.spans:
+            self._done.wait()
         self.waited_seconds += time.perf_counter() - start
         if self.error is not None:
             raise RuntimeError(self.error)
