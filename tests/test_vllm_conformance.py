@@ -231,12 +231,14 @@ def test_the_tiering_spec_stores_into_the_rows_the_releases_tiers_read_and_loads
 
 def tier_job(job_id: int, keys: list, chunks: list[int], promotion: bool):
     """The release's job of a secondary tier (``TransferJob``; 0.26 to 0.27
-    name it ``JobMetadata``), every field it requires filled."""
+    name it ``JobMetadata``; its host chunks are ``chunk_ids`` from 0.30 on,
+    ``block_ids`` before), every field it requires filled."""
     import numpy as np
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.tiering import base as tiering_base
     cls = getattr(tiering_base, "TransferJob", None) or tiering_base.JobMetadata
-    known = {"job_id": job_id, "keys": keys, "block_ids": np.array(chunks, dtype=np.int64),
+    ids = np.array(chunks, dtype=np.int64)
+    known = {"job_id": job_id, "keys": keys, "block_ids": ids, "chunk_ids": ids,
              "is_promotion": promotion, "req_context": base.ReqContext(req_id="kvswap-conformance")}
     return cls(**{name: value for name, value in known.items() if name in cls.__dataclass_fields__})
 
@@ -320,7 +322,11 @@ def test_the_worker_releases_the_shm_file_its_map_created_at_shutdown():
     region = real_region()
     assert len(shm_files() - before) == 1  # the worker's map created the file
     caches, kv = real_caches()
-    worker = plugin.KVSwapOffloadingWorker(kv, 1, 4, tiering_region=region, slot_bytes=2 * PAGE)
+    try:
+        worker = plugin.KVSwapOffloadingWorker(kv, 1, 4, tiering_region=region, slot_bytes=2 * PAGE)
+    except BaseException:  # not built: the region is still the test's (a mutant's run leaves no file)
+        region.cleanup()
+        raise
     worker.shutdown()
     assert shm_files() <= before
 
