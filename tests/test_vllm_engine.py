@@ -57,6 +57,10 @@ except Exception as exc:  # noqa: BLE001
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm import offloading
+from vllm_helpers import no_region_left_behind  # noqa: E402,F401 - the fixture, used below
+
+#: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
+pytestmark = pytest.mark.usefixtures("no_region_left_behind")
 
 #: (major, minor) of the vLLM running here
 RELEASE = tuple(int(x) for x in vllm.__version__.split(".")[:2])

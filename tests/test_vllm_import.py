@@ -597,7 +597,7 @@ def test_a_spec_without_a_host_chunk_count_is_refused_naming_both_names(monkeypa
     fake_vllm(monkeypatch, PLAIN, "0.30.0", "num_slots")
     spec = offloading.build()["KVSwapOffloadingSpec"](
         SimpleNamespace(extra_config={"cpu_bytes_to_use": 1}, canonical_layout=False))
-    with pytest.raises(TypeError, match=r"set neither num_chunks \(vLLM 0\.30\+\) nor num_blocks"):
+    with pytest.raises(TypeError, match=r"set neither num_chunks \(vLLM 0\.30 on\) nor num_blocks \(vLLM 0\.25 to 0\.29\)"):
         spec.get_worker(standin_caches()[1])
 
 

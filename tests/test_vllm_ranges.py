@@ -52,3 +52,14 @@ def test_the_conformance_matrix_covers_every_minor_release_of_every_range():
     low = min(lo for lo, _ in compat.PLUGIN_RANGES.values())
     high = max(hi for _, hi in compat.PLUGIN_RANGES.values())
     assert minors == {(0, m) for m in range(low[1], high[1] + 1)}
+
+
+def test_the_chunk_count_error_names_compats_releases():
+    import pytest
+
+    from torch_kvswap.integrations.vllm.offloading import _host_chunks
+    assert compat.chunk_count_names() == (("num_chunks", "0.30 on"), ("num_blocks", "0.25 to 0.29"))
+    assert compat.chunk_count_names()[1][1].startswith(compat.range_text("KVSwapOffloadingSpec").split()[0])
+    with pytest.raises(TypeError, match=r"^object: vLLM's CPUOffloadingSpec set neither num_chunks "
+                                        r"\(vLLM 0\.30 on\) nor num_blocks \(vLLM 0\.25 to 0\.29\)$"):
+        _host_chunks(object())

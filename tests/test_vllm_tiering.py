@@ -42,6 +42,10 @@ from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm.offloading import _host_chunks
 from vllm_helpers import BLOCK_TOKENS, per_layer_kv_cache_config, vllm_config
 from vllm_helpers import offloading_config as vllms_offloading_config
+from vllm_helpers import no_region_left_behind  # noqa: E402,F401 - the fixture, used below
+
+#: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
+pytestmark = pytest.mark.usefixtures("no_region_left_behind")
 
 FULL = 8  # full blocks per prompt
 HOST_CHUNKS = 12  # host tier: one prompt fits, the three do not

@@ -24,6 +24,38 @@ def forget_plugin_classes(monkeypatch) -> None:
         del sys.modules[name]
 
 
+# -- /dev/shm: the host regions vLLM's SharedOffloadRegion maps -------------------
+
+#: Where vLLM's SharedOffloadRegion keeps its file (one per engine).
+SHM_REGIONS = "/dev/shm/vllm_offload_*"
+
+
+def shm_regions() -> set[str]:
+    """The /dev/shm files of vLLM's shared host regions now."""
+    import glob
+    return set(glob.glob(SHM_REGIONS))
+
+
+def left_behind(before: set[str]) -> list[str]:
+    """The region files made since `before` that still exist."""
+    return sorted(shm_regions() - before)
+
+
+def _no_region_left_behind():
+    before = shm_regions()
+    yield
+    import gc
+    gc.collect()  # a worker dropped without shutdown releases its map by its finalizer
+    assert not left_behind(before), f"/dev/shm files left behind: {left_behind(before)}"
+
+
+try:  # a fixture for the tests that build engines or tiering specs (pytest is not needed here otherwise)
+    import pytest as _pytest
+    no_region_left_behind = _pytest.fixture(_no_region_left_behind)
+except ImportError:  # pragma: no cover
+    pass
+
+
 # -- vLLM's configuration objects for the 4-layer test model ------------------------
 # (vLLM is imported inside each helper: the vLLM-free tests import this module too)
 

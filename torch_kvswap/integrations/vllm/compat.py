@@ -38,6 +38,7 @@ logger = logging.getLogger("torch_kvswap")
 __all__ = ["SUPPORTED_RANGE", "TESTED_VLLM", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm",
            "inspect_vllm", "apply_check_option", "CHECK_KEY", "HANDLER_RANGE", "TESTED_HANDLER_VLLM",
            "check_handler_vllm", "check_tiering_vllm", "PLUGIN_RANGES", "CONFORMANCE_RELEASES", "range_text",
+           "releases_text", "chunk_count_names", "NUM_CHUNKS_FROM",
            "supported_ranges", "REGION_VIEW_METHODS", "REGION_BASE_ATTRIBUTES"]
 
 #: ``kv_connector_extra_config`` key that turns checked mode
@@ -90,6 +91,9 @@ REGION_PARAMETERS = (("engine_id",), ("num_chunks", "num_blocks"), ("rank",),
 
 #: The supported vLLM releases, ``(major, minor)`` first and last, inclusive.
 SUPPORTED_RANGE = ((0, 25), (0, 33))
+#: The first release whose ``CPUOffloadingSpec`` names its host chunk count
+#: ``num_chunks``; before it (from the first supported release) ``num_blocks``.
+NUM_CHUNKS_FROM = (0, 30)
 #: The first release whose tiered offloading ``KVSwapTieringOffloadingSpec``
 #: serves: 0.25's ``SharedOffloadRegion`` takes an ``instance_id`` and its
 #: spec has no ``OffloadingConfig`` (no worker rank); refused there at lookup.
@@ -115,6 +119,23 @@ def range_text(name: str) -> str:
     """``name``'s supported releases as the docs write them (``0.25 to 0.33``)."""
     (a, b), (c, d) = PLUGIN_RANGES[name]
     return f"{a}.{b} to {c}.{d}"
+
+
+def releases_text(first: tuple[int, int], last: tuple[int, int] | None = None) -> str:
+    """Releases ``first`` to ``last`` as the error messages write them
+    (``0.25 to 0.29``; ``0.30 on`` without ``last``)."""
+    if last is None:
+        return f"{first[0]}.{first[1]} on"
+    return f"{first[0]}.{first[1]} to {last[0]}.{last[1]}"
+
+
+def chunk_count_names() -> tuple[tuple[str, str], ...]:
+    """``CPUOffloadingSpec``'s host chunk count attribute, newest name first,
+    each with the releases that set it (read from :data:`NUM_CHUNKS_FROM`
+    and :data:`SUPPORTED_RANGE`)."""
+    before = (NUM_CHUNKS_FROM[0], NUM_CHUNKS_FROM[1] - 1)
+    return (("num_chunks", releases_text(NUM_CHUNKS_FROM)),
+            ("num_blocks", releases_text(SUPPORTED_RANGE[0], before)))
 
 
 def supported_ranges() -> str:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .compat import CHECK_KEY
+from .compat import CHECK_KEY, chunk_count_names
 
 __all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG", "SUPPORTED_TIERING_EXTRA_CONFIG"]
 
@@ -102,12 +102,14 @@ def _refuse_unknown(name: str, config: Any, extra: dict, supported: frozenset) -
 
 def _host_chunks(spec: Any) -> int:
     """The host chunk count vLLM's CPUOffloadingSpec computed: ``num_chunks``
-    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.25 to 0.29."""
-    for name in ("num_chunks", "num_blocks"):
+    from vLLM 0.30 on, ``num_blocks`` (the same count) in 0.25 to 0.29
+    (:func:`~.compat.chunk_count_names`)."""
+    names = chunk_count_names()
+    for name, _ in names:
         if isinstance(getattr(spec, name, None), int):
             return getattr(spec, name)
-    raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither num_chunks "
-                    "(vLLM 0.30+) nor num_blocks (vLLM 0.27-0.29)")
+    raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither "
+                    + " nor ".join(f"{name} (vLLM {releases})" for name, releases in names))
 
 
 def _blocks_per_chunk(spec: Any) -> int:
