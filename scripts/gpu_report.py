@@ -363,13 +363,22 @@ def load_meta(run: str) -> dict:
         return {}
 
 
+#: top-level folders of other tools, which CI's other lane writes in while the kit
+#: runs (.ci/run): git's, the build area (the kit's own build writes there too) and the
+#: engine checks' header cache; every virtual environment is skipped as well
+OTHER_TOOLS = (".git", "build", ".ci-cache")
+
+
 def tree_writes(root: str, since: float, allowed: list[str]) -> list[str]:
-    """Files under `root` (not .git, not .venv) changed after `since`, outside `allowed`
-    prefixes (the build's in-place outputs)."""
+    """Files under `root` changed after `since`, outside `allowed` prefixes
+    (the build's in-place outputs), not counting OTHER_TOOLS' folders or a
+    virtual environment (a top-level folder holding pyvenv.cfg)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
-        dirnames[:] = [d for d in dirnames if not (rel == "." and d in (".git", ".venv"))]
+        if rel == ".":
+            dirnames[:] = [d for d in dirnames if d not in OTHER_TOOLS
+                           and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))]
         for f in filenames:
             path = os.path.join(dirpath, f)
             name = os.path.normpath(os.path.join(rel, f))
@@ -382,7 +391,7 @@ def tree_writes(root: str, since: float, allowed: list[str]) -> list[str]:
     return sorted(found)
 
 
-BUILD_OUTPUTS = [r"torch_kvswap/_[A-Za-z0-9_]+\..*so", r"torch_kvswap/_build_info\.json", r"build/.*"]
+BUILD_OUTPUTS = [r"torch_kvswap/_[A-Za-z0-9_]+\..*so", r"torch_kvswap/_build_info\.json"]
 
 
 def write_summary(run: str, out: str, final: bool) -> int:

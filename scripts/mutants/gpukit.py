@@ -52,4 +52,14 @@ MUTANTS = [
         tests=[T + "::test_a_kernel_still_faster_at_the_threshold_disagrees_with_auto"],
         why="a crossover one size above auto's 32 KiB threshold reads as agreeing with it",
     ),
+    dict(
+        name="gpukit-other-venvs-read-as-the-kits-writes",
+        file=F,
+        where="tree_writes",
+        find='''            dirnames[:] = [d for d in dirnames if d not in OTHER_TOOLS
+                           and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))]''',
+        replace="            dirnames[:] = [d for d in dirnames if d not in OTHER_TOOLS]",
+        tests=["tests/test_gpu_kit.py::test_tree_writes_name_new_files_outside_the_build_outputs"],
+        why="a venv that CI's other lane makes while the kit's dry run goes fails the run as the kit's write",
+    ),
 ]
