@@ -22,6 +22,7 @@ def test_store_then_load_round_trip(fake):
     off = KVCacheOffloader(caches, device_block_size=4, host_block_size=8, num_host_blocks=6)
     try:
         assert off.pinned
+        off.host_memory.wait()  # page-locked in the background: under load, not yet at construction
         assert all(fake.kind(t.data_ptr()) == "pinned" for t in off.host_tensors)
         off.store(1, [2, 3, 4, 5], [0, 1])
         off.wait({1})
