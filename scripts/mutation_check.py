@@ -296,9 +296,10 @@ def test_env(work: Path) -> dict[str, str]:
 
 def prepare_extension(work: Path, env: dict[str, str], need_build: bool) -> None:
     """Builds the copy's extension, or for Python-only runs copies the real
-    tree's build of the same sources (setup already built it)."""
+    tree's build of the same sources (setup already built it): every
+    extension, the test fake included (Python mutants' tests run on it)."""
     if not need_build:
-        built = sorted((ROOT / "torch_kvswap").glob("_C*.so"))
+        built = sorted((ROOT / "torch_kvswap").glob("_*.so"))
         if built:
             # With the build's record, which the import checks (_loader.py).
             for so in built + sorted((ROOT / "torch_kvswap").glob("_build_info.json")):

@@ -265,3 +265,16 @@ def test_insert_where_puts_it_inline_when_the_next_keyword_shares_the_line():
     assert 'dict(name="c", file="torch_kvswap/store.py", where="g", find=' in text
     assert '    dict(name="b", file=X,\n         where="f",\n         find=' in text
     assert missed == ["zz"]
+
+
+def test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_included(tmp_path, monkeypatch):
+    root, work = tmp_path / "root", tmp_path / "work"
+    for name in ("_C.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
+                 "_build_info.json", "ops.py"):
+        (root / "torch_kvswap").mkdir(parents=True, exist_ok=True)
+        (root / "torch_kvswap" / name).write_text(name)
+    (work / "torch_kvswap").mkdir(parents=True)
+    monkeypatch.setattr(mc, "ROOT", root)
+    mc.prepare_extension(work, {}, need_build=False)
+    assert sorted(p.name for p in (work / "torch_kvswap").iterdir()) == [
+        "_C.cpython-311-x86_64-linux-gnu.so", "_build_info.json", "_fake_cuda.cpython-311-x86_64-linux-gnu.so"]

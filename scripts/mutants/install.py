@@ -178,4 +178,14 @@ MUTANTS = [
         why="an in-place build that compiled nothing failed once build/ had lost its copy of an "
             "extension (the wheel build drops the test fakes there), as CI's torch matrix step did",
     ),
+    dict(
+        name="mutation-fast-copies-only-the-engine",
+        file="scripts/mutation_check.py",
+        where="prepare_extension",
+        find='        built = sorted((ROOT / "torch_kvswap").glob("_*.so"))\n',
+        replace='        built = sorted((ROOT / "torch_kvswap").glob("_C*.so"))\n',
+        tests=["tests/test_mutation_check.py::"
+               "test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_included"],
+        why="the --fast run's copy has no test fake: a Python mutant's fake-CUDA tests skip and CI stops",
+    ),
 ]
