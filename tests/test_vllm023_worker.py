@@ -17,6 +17,7 @@ logic is tested in every environment and by the mutation check.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import types
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ def real_vllm() -> SimpleNamespace:
         from vllm.v1.kv_offload.base import BlockIDsLoadStoreSpec, GPULoadStoreSpec
         from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
         from vllm.v1.kv_offload.worker.worker import OffloadingWorker, TransferResult
-        if not vllm.__version__.startswith("0.23."):
-            raise ImportError(f"vLLM {vllm.__version__} is installed, not 0.23")
+        from torch_kvswap.integrations.vllm import compat
+        low, high = compat.HANDLER_RANGE  # the handler's releases: 0.23 and 0.24 run this worker
+        if not low <= (compat._major_minor(vllm.__version__) or (0, 0)) <= high:
+            raise ImportError(f"vLLM {vllm.__version__} is installed, not one of the handler's releases")
     except Exception as exc:  # noqa: BLE001
         if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
             raise
@@ -496,10 +499,14 @@ def test_the_standin_0_23_is_accepted_and_the_class_is_built_once(monkeypatch):
 
 
 def test_on_vllm_0_23_the_connector_spec_is_still_refused_pointing_at_the_handler(monkeypatch):
-    real_vllm()  # the installed vLLM 0.23 (skips without it)
+    real_vllm()  # the installed vLLM 0.23 or 0.24 (skips without it)
+    import vllm
+
+    major, minor = compat._major_minor(vllm.__version__)
     forget_plugin_classes(monkeypatch)
     with pytest.raises(compat.UnsupportedVLLM,
-                       match=r"does not support vLLM 0\.23\.0 \(offloading path\): release 0\.23 is below "
+                       match=rf"does not support vLLM {re.escape(vllm.__version__)} \(offloading path\): "
+                             rf"release {major}\.{minor} is below "
                              r"the supported range; .*OffloadingHandler\.transfer_async\(job_id, spec\) "
                              r"interface, not OffloadingWorker\.submit_store/submit_load "
                              r"\(KVSwapOffloadingHandler serves that interface\)"):
