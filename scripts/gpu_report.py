@@ -364,9 +364,10 @@ def load_meta(run: str) -> dict:
 
 
 #: top-level folders of other tools, which CI's other lane writes in while the kit
-#: runs (.ci/run): git's, the build area (the kit's own build writes there too) and the
-#: engine checks' header cache; every virtual environment is skipped as well
-OTHER_TOOLS = (".git", "build", ".ci-cache")
+#: runs (.ci/run): git's, the build area (the kit's own build writes there too), the
+#: engine checks' header cache and pytest's cache; every virtual environment and
+#: every __pycache__ (Python's bytecode of whoever imports first) are skipped as well
+OTHER_TOOLS = (".git", "build", ".ci-cache", ".pytest_cache")
 
 
 def tree_writes(root: str, since: float, allowed: list[str]) -> list[str]:
@@ -376,6 +377,7 @@ def tree_writes(root: str, since: float, allowed: list[str]) -> list[str]:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = os.path.relpath(dirpath, root)
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         if rel == ".":
             dirnames[:] = [d for d in dirnames if d not in OTHER_TOOLS
                            and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))]

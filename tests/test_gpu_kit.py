@@ -267,16 +267,18 @@ def test_the_summary_names_the_second_shot_for_the_failed_steps(tmp_path):
 def test_tree_writes_name_new_files_outside_the_build_outputs(tmp_path):
     since = time.time() - 1
     write(tmp_path / "torch_kvswap" / "_C.cpython-312-x86_64-linux-gnu.so")
-    write(tmp_path / "tests" / "__pycache__" / "x.pyc")
+    write(tmp_path / "tests" / "results.json")
     write(tmp_path / "docs" / "venv" / "pyvenv.cfg")  # not at the top: not a venv of a tool
     # other tools' folders, which CI's other lane writes in meanwhile
     write(tmp_path / "build" / "ci" / "steps.tsv")
+    write(tmp_path / ".pytest_cache" / "v" / "cache" / "nodeids")
+    write(tmp_path / "scripts" / "__pycache__" / "mutant_anchors.cpython-311.pyc")
     write(tmp_path / ".git" / "index")
     write(tmp_path / ".ci-cache" / "torch-2.10.0" / "x.h")
     write(tmp_path / ".venv-vllm" / "pyvenv.cfg")
     write(tmp_path / ".venv-vllm" / "bin" / "pip")
     assert R.tree_writes(str(tmp_path), since, R.BUILD_OUTPUTS) == [
-        os.path.join("docs", "venv", "pyvenv.cfg"), os.path.join("tests", "__pycache__", "x.pyc")]
+        os.path.join("docs", "venv", "pyvenv.cfg"), os.path.join("tests", "results.json")]
     assert len(R.tree_writes(str(tmp_path), since, [])) == 3
     assert R.tree_writes(str(tmp_path), time.time() + 10, []) == []
     # a top-level folder without pyvenv.cfg is looked into
