@@ -50,10 +50,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The import path a test run starts from (run_pytest): this process's, less
+# this script's folder.
+_BASE_PATH = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mutant_anchors as anchors  # noqa: E402 - beside this script
 
@@ -255,8 +260,82 @@ def build(work: Path, env: dict[str, str]) -> tuple[bool, str]:
     return code == 0, out
 
 
+def pytest_args(tests: list[str]) -> list[str]:
+    return ["-x", "-q", "-p", "no:cacheprovider", *tests]
+
+
 def pytest_cmd(tests: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    return [sys.executable, "-m", "pytest", *pytest_args(tests)]
+
+
+def preload() -> None:
+    """Imports torch and numpy into this process once, so that each test run
+    forked from it (run_pytest) starts with them loaded: importing torch was
+    most of a Python mutant's time (about 4 of 5 s here). torch_kvswap is
+    never imported here: each run imports the copy as it is then."""
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+
+def run_pytest(tests: list[str], cwd: Path, env: dict[str, str],
+               timeout: float) -> tuple[int | str, str]:
+    """`pytest -x -q tests` as run() would run it in a subprocess (cwd, env,
+    its import path, its own process group, killed with its children on a
+    timeout), but in a child forked from this process (see preload);
+    returns (exit code, or "timeout") and its output."""
+    if not hasattr(os, "fork"):
+        return run(pytest_cmd(tests), cwd, env, timeout)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as log:
+        pid = os.fork()
+        if pid == 0:  # the child: becomes `python -m pytest` started in cwd with env
+            code = 3
+            try:
+                os.setsid()
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                sys.stdout = open(1, "w", buffering=1, errors="replace", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", buffering=1, errors="replace", closefd=False)  # noqa: SIM115
+                os.chdir(cwd)
+                os.environ.clear()
+                os.environ.update(env)
+                sys.argv = ["pytest"]
+                sys.dont_write_bytecode = env.get("PYTHONDONTWRITEBYTECODE") == "1"
+                sys.path[:] = ([str(cwd)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                               + _BASE_PATH)
+                # Only what is installed stays imported (torch, numpy, the
+                # standard library): this harness's modules are the real
+                # tree's, and the tests import the copy's.
+                installed = tuple({sys.prefix, sys.base_prefix})
+                for name, module in list(sys.modules.items()):
+                    where = getattr(module, "__file__", None)
+                    if name != "__main__" and where and not where.startswith(installed):
+                        del sys.modules[name]
+                importlib.invalidate_caches()
+                import pytest
+                code = int(pytest.main(pytest_args(tests)))
+            except BaseException:  # noqa: BLE001 - the child must reach _exit
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        deadline = time.monotonic() + timeout
+        code: int | str
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                code = "timeout"
+                break
+            time.sleep(0.05)
+        log.seek(0)
+        return code, log.read().decode(errors="replace")
 
 
 _FIRST_FAILURE = re.compile(r"^(FAILED|ERROR) (\S+)", re.MULTILINE)
@@ -339,7 +418,7 @@ def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float,
                 return Result(m, "build-failed", "the mutant does not compile; fix the mutant",
                               time.monotonic() - started, out, str(anchor))
         limit = m.timeout or timeout
-        code, out = run(pytest_cmd(tests or m.tests), work, env, limit)
+        code, out = run_pytest(tests or m.tests, work, env, limit)
         status, detail = verdict(code, out, limit)
         return Result(m, status, detail, time.monotonic() - started, out, str(anchor))
     finally:
@@ -418,7 +497,8 @@ def main(argv=None) -> int:
 
     tests = sorted({t for m in selected for t in m.tests})
     print(f"[mutation] baseline: the {len(tests)} test paths pass without a mutant", flush=True)
-    code, out = run(pytest_cmd(tests), work, env, args.timeout * 2)
+    preload()
+    code, out = run_pytest(tests, work, env, args.timeout * 2)
     if code != 0:
         print(out[-8000:])
         print("[mutation] the tests fail without any mutant; nothing can be judged")

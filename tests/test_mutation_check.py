@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,3 +279,39 @@ def test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_incl
     mc.prepare_extension(work, {}, need_build=False)
     assert sorted(p.name for p in (work / "torch_kvswap").iterdir()) == [
         "_C.cpython-311-x86_64-linux-gnu.so", "_build_info.json", "_fake_cuda.cpython-311-x86_64-linux-gnu.so"]
+
+
+def test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env(tmp_path):
+    # The copy's own module, named like one beside the harness: the run must import the copy's.
+    (tmp_path / "mutant_anchors.py").write_text("WHERE = 'copy'\n")
+    (tmp_path / "test_one.py").write_text(
+        "import os, sys, mutant_anchors\n"
+        "def test_env_and_path():\n"
+        "    assert mutant_anchors.WHERE == 'copy'\n"
+        "    assert os.environ['KVSWAP_RUN'] == 'yes'\n"
+        "    assert os.getcwd() == %r\n"
+        "def test_fails():\n"
+        "    assert os.environ.get('KVSWAP_FAIL') != '1'\n" % str(tmp_path))
+    env = {"PATH": "/usr/bin:/bin", "KVSWAP_RUN": "yes"}
+    code, out = mc.run_pytest(["test_one.py"], tmp_path, env, 120)
+    assert (code, "2 passed" in out) == (0, True), out
+    code, out = mc.run_pytest(["test_one.py"], tmp_path, dict(env, KVSWAP_FAIL="1"), 120)
+    assert code == 1 and mc.verdict(code, out, 120) == ("killed", "test_one.py::test_fails"), out
+
+
+def test_a_forked_test_run_past_its_timeout_is_killed_with_its_children(tmp_path):
+    (tmp_path / "test_hang.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_hangs():\n"
+        "    open('child.pid', 'w').write(str(subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(600)']).pid))\n"
+        "    time.sleep(600)\n")
+    started = time.monotonic()
+    code, _ = mc.run_pytest(["test_hang.py"], tmp_path, {"PATH": "/usr/bin:/bin"}, 5)
+    assert code == "timeout" and time.monotonic() - started < 60
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists() \
+            and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]

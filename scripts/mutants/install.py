@@ -188,4 +188,25 @@ MUTANTS = [
                "test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_included"],
         why="the --fast run's copy has no test fake: a Python mutant's fake-CUDA tests skip and CI stops",
     ),
+    dict(
+        name="mutation-fork-keeps-the-harness-modules",
+        file="scripts/mutation_check.py",
+        where="run_pytest",
+        find="                    if name != \"__main__\" and where and not where.startswith(installed):\n",
+        replace="                    if False:\n",
+        tests=["tests/test_mutation_check.py::"
+               "test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env"],
+        why="a test run forked from the harness imports the real tree's mutant_anchors (already "
+            "imported there), not the copy's: a mutant of it survives",
+    ),
+    dict(
+        name="mutation-fork-timeout-spares-the-children",
+        file="scripts/mutation_check.py",
+        where="run_pytest",
+        find="                os.killpg(pid, signal.SIGKILL)\n",
+        replace="                os.kill(pid, signal.SIGKILL)\n",
+        tests=["tests/test_mutation_check.py::"
+               "test_a_forked_test_run_past_its_timeout_is_killed_with_its_children"],
+        why="a hung mutant's test run is killed but the processes it started keep running",
+    ),
 ]
