@@ -23,6 +23,7 @@ def test_an_int_or_direction_still_copies():
     src = torch.arange(64, dtype=torch.uint8)
     for direction in (Direction.HOST_TO_DEVICE, 1):
         dst = torch.zeros(64, dtype=torch.uint8)
-        swap_blocks_batch(torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]),
-                          torch.tensor([64]), direction)
+        swap_blocks_batch(
+            torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]), torch.tensor([64]), direction
+        )
         assert torch.equal(dst, src)

@@ -77,8 +77,10 @@ MUTANTS = [
         where="make_plan",
         find="    num_blocks = int(args.cache_gib * 2**30) // (tensors * per_block)\n",
         replace="    num_blocks = max(args.factor, int(args.cache_gib * 2**30) // (tensors * per_block))\n",
-        tests=[U + "::test_a_size_option_fits_the_cache_up_to_its_largest_value",
-               U + "::test_too_many_layers_for_the_cache_names_both_and_is_refused_before_building"],
+        tests=[
+            U + "::test_a_size_option_fits_the_cache_up_to_its_largest_value",
+            U + "::test_too_many_layers_for_the_cache_names_both_and_is_refused_before_building",
+        ],
         why="--layers 20000 builds a 2.4 GiB cache for --cache-gib 1 and runs for many minutes",
     ),
     dict(
