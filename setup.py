@@ -58,12 +58,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from setup_helpers import INSTALL_COMMAND, flag, release  # noqa: E402
-from setup_helpers.engines import (
+from setup_helpers.engines import (  # noqa: E402
     Decision,
     Engine,
     decide_cuda,
     decide_fakes,
-    decide_npu,  # noqa: E402
+    decide_npu,
     gather_facts,
     refuse_impossible_forced,
 )

@@ -40,8 +40,8 @@ import torch
 import torch_kvswap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_report as R  # noqa: E402
-from gpu_probe import CudaBackend, FakeBackend, Results  # noqa: E402
+import gpu_report as R
+from gpu_probe import CudaBackend, FakeBackend, Results
 
 DIRECTION = {
     "h2d": torch_kvswap.Direction.HOST_TO_DEVICE,
@@ -165,10 +165,15 @@ def measure_row(B, P, out, direction, kib, asked, side, reps):
     P.zero(dst)
     flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
     if B.kind == "cuda":
-        copy = lambda: flat_dst.copy_(flat_src, non_blocking=True)  # noqa: E731
+
+        def copy():
+            return flat_dst.copy_(flat_src, non_blocking=True)
     else:  # the fake: one descriptor through the engine's pointer path
         sp, dp = torch.tensor([flat_src.data_ptr()]), torch.tensor([flat_dst.data_ptr()])
-        copy = lambda: B.pointer_copy(sp, dp, torch.tensor([total]), DIRECTION[direction])  # noqa: E731
+
+        def copy():
+            return B.pointer_copy(sp, dp, torch.tensor([total]), DIRECTION[direction])
+
     try:
         with B.on(side):
             secs = B.times(copy, side, reps)
@@ -188,7 +193,10 @@ def measure_row(B, P, out, direction, kib, asked, side, reps):
             if B.kind == "fake"
             else None
         )
-        call = lambda: torch_kvswap.swap_blocks([src], [dst], sid_cpu, did_cpu)  # noqa: E731
+
+        def call():
+            return torch_kvswap.swap_blocks([src], [dst], sid_cpu, did_cpu)
+
         try:
             if path == "per_copy":
                 with B.on(side):

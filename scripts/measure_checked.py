@@ -60,7 +60,10 @@ def pointer_op(repeats: int, shuffled: bool) -> tuple[float, float]:
     sizes = torch.full((n,), block, dtype=torch.int64)
     plan = torch.ops.kvswap._plan_swap_blocks_batch.default
     d2h = int(Direction.DEVICE_TO_HOST)
-    call = lambda: plan(src, dst, sizes, d2h)  # noqa: E731
+
+    def call():
+        return plan(src, dst, sizes, d2h)
+
     out = paired(call, call, repeats, 200)
     for r in regions:
         r.unregister()

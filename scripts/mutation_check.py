@@ -572,7 +572,8 @@ def main(argv=None) -> int:
         results.append(r)
         print(
             f"[{i}/{len(order)}] {r.status:<12} {m.name}  ({r.seconds:.1f} s)\n"
-            f"    at: {r.at}\n    breaks: {m.why}\n    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
+            f"    at: {r.at}\n    breaks: {m.why}\n"
+            f"    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
             flush=True,
         )
         if r.status in ("build-failed", "error"):

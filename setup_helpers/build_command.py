@@ -206,7 +206,7 @@ class BuildWithSummary(BuildExtension):
         # host engine and forced engines fail the build.
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001 - reported in the summary
+        except Exception as exc:  # reported in the summary
             print(
                 f"torch_kvswap: the {label} failed after {elapsed(time.monotonic() - start)}",
                 file=self.progress,

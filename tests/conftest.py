@@ -54,7 +54,7 @@ def fake_cuda(fake_cuda_devices):
     its ops (torch.ops.kvswap_fake_cuda). Afterwards the copy method is back
     to "auto" and nothing is left under the CUDA key."""
     try:
-        import torch_kvswap._fake_cuda  # noqa: F401
+        import torch_kvswap._fake_cuda
     except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
         pytest.skip(f"torch_kvswap._fake_cuda is not built ({exc})")
     F = torch.ops.kvswap_fake_cuda

@@ -63,7 +63,9 @@ def _batch(direction=0, **kw):
 
 
 def _one(src_addr, dst_addr, size, direction=0):
-    t = lambda v: torch.tensor([v], dtype=I64)  # noqa: E731
+    def t(v):
+        return torch.tensor([v], dtype=I64)
+
     _batch_op()(t(src_addr), t(dst_addr), t(size), direction)
 
 

@@ -79,7 +79,9 @@ def blocks_of(t: torch.Tensor, ids, offset: int = 0) -> list[int]:
 
 
 def call(src, dst, sizes, direction):
-    as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    def as_t(v):
+        return torch.tensor(v, dtype=torch.int64)
+
     OP(as_t(src), as_t(dst), as_t(sizes), int(direction))
 
 
@@ -401,7 +403,10 @@ def test_checks_run_in_the_compiled_graphs_eager_kernel_without_breaking_fullgra
         torch.ops.kvswap.swap_blocks_batch.default(src, dst, sizes, int(Direction.DEVICE_TO_HOST))
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
-    as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+
+    def as_t(v):
+        return torch.tensor(v, dtype=torch.int64)
+
     good = (as_t(blocks_of(setup.cache, [1])), as_t(blocks_of(setup.mirror, [2])), as_t([BLOCK]))
     bad = (as_t(blocks_of(setup.cache, [1])), as_t(blocks_of(setup.mirror, [8])), as_t([BLOCK]))
     before = setup.snapshot()
@@ -555,7 +560,7 @@ def reference_refuses(src, dst, sizes, regions) -> bool:
     if not all(inside(s, s + z) and inside(d, d + z) for s, d, z in live):
         return True
     for i, (si, di, zi) in enumerate(live):
-        for j, (sj, dj, zj) in enumerate(live):
+        for j, (_sj, dj, zj) in enumerate(live):
             if i != j and di < dj + zj and dj < di + zi:
                 return True  # two destinations overlap
             if si < dj + zj and dj < si + zi:

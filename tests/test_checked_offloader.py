@@ -229,7 +229,10 @@ def test_the_offloader_registers_its_caches_and_mirrors_and_drops_them_with_itse
     # The pointer op, checked, may copy between them, and nowhere else.
     cache, mirror = off.device_tensors[0], off.host_tensors[0]
     nbytes = cache[0].numel() * cache.element_size()
-    ptrs = lambda a: torch.tensor([a], dtype=torch.int64)  # noqa: E731
+
+    def ptrs(a):
+        return torch.tensor([a], dtype=torch.int64)
+
     with torch_kvswap.checked():
         torch_kvswap.swap_blocks_batch(
             ptrs(cache[3].data_ptr()),

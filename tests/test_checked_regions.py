@@ -35,7 +35,10 @@ def filled(blocks: int, seed: int) -> torch.Tensor:
 
 def to_device(src: torch.Tensor, address: int) -> None:
     """One block from host tensor ``src`` to ``address``, checked."""
-    as_t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+
+    def as_t(v):
+        return torch.tensor([v], dtype=torch.int64)
+
     with torch_kvswap.checked():
         OP(as_t(src.data_ptr()), as_t(address), as_t(BLOCK), int(Direction.HOST_TO_DEVICE))
 
@@ -119,9 +122,12 @@ def test_the_offloaders_regions_follow_the_storages_of_its_caches_and_mirrors(so
         with pytest.raises(ValueError, match="those bytes were region 'device cache 0'"):
             to_device(source, old_cache)
         del cache, mirror
+
     # shutdown unmapped the mirrors: their region no longer vouches for those bytes
-    as_t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
-    with torch_kvswap.checked(), pytest.raises(ValueError, match="0x%x" % old_mirror):
+    def as_t(v):
+        return torch.tensor([v], dtype=torch.int64)
+
+    with torch_kvswap.checked(), pytest.raises(ValueError, match=f"0x{old_mirror:x}"):
         OP(as_t(tensors[1][0].data_ptr()), as_t(old_mirror), as_t(BLOCK), int(Direction.DEVICE_TO_HOST))
 
 

@@ -28,7 +28,7 @@ import torch_kvswap
 from helpers import ids
 
 try:
-    import torch_kvswap._fake_cuda  # noqa: F401
+    import torch_kvswap._fake_cuda
 except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
     pytest.skip(
         f"torch_kvswap._fake_cuda is not built ({exc}); run bash scripts/test.sh", allow_module_level=True
@@ -1593,42 +1593,42 @@ def _restore_refused_case():
 
     F.install()
     F.reset(2)
-    err = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(err.fileno(), 2)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            side_stream(0)
-            src = caches(4096, 4, "device", pairs=1, seed=37)
-            dst = caches(4096, 4, "pinned", pairs=1, seed=38)
-            want = expected(src, dst, [0, 1], [2, 3])
-            torch_kvswap.set_copy_method("kernel")
-            F.set_device(1)
-            F.set_fault("refuse_device", 1)
-            torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
-            assert F.current_device() == 0  # stays: the restore was refused
-            assert F.synchronize(F.current_stream(0)) == "cudaSuccess"
-            assert torch.equal(dst[0], want[0])
-            assert F.last_error(True) == "cudaSuccess"
-            # Refused again while the launch's own error unwinds: that error arrives.
-            F.set_fault("refuse_device", -1)
-            F.set_device(1)
-            F.set_fault("refuse_device", 1)
-            F.set_fault("launch_fail_at", 1)
-            try:
-                torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
-                raise AssertionError("the failed launch was not reported")
-            except RuntimeError as e:
-                assert "launching the block copy kernel" in str(e) and "nothing was copied" in str(e), e
-        os.dup2(saved, 2)
-        err.seek(0)
-        text = err.read().decode() + "".join(f"{w.message}\n" for w in caught)
-        assert text.count("could not make cuda:1 current again") == 1, text  # once per process
-        assert "cudaErrorDevicesUnavailable" in text, text
-    finally:
-        os.dup2(saved, 2)
-        F.uninstall()
+    with tempfile.TemporaryFile() as err:
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                side_stream(0)
+                src = caches(4096, 4, "device", pairs=1, seed=37)
+                dst = caches(4096, 4, "pinned", pairs=1, seed=38)
+                want = expected(src, dst, [0, 1], [2, 3])
+                torch_kvswap.set_copy_method("kernel")
+                F.set_device(1)
+                F.set_fault("refuse_device", 1)
+                torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
+                assert F.current_device() == 0  # stays: the restore was refused
+                assert F.synchronize(F.current_stream(0)) == "cudaSuccess"
+                assert torch.equal(dst[0], want[0])
+                assert F.last_error(True) == "cudaSuccess"
+                # Refused again while the launch's own error unwinds: that error arrives.
+                F.set_fault("refuse_device", -1)
+                F.set_device(1)
+                F.set_fault("refuse_device", 1)
+                F.set_fault("launch_fail_at", 1)
+                try:
+                    torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+                    raise AssertionError("the failed launch was not reported")
+                except RuntimeError as e:
+                    assert "launching the block copy kernel" in str(e) and "nothing was copied" in str(e), e
+            os.dup2(saved, 2)
+            err.seek(0)
+            text = err.read().decode() + "".join(f"{w.message}\n" for w in caught)
+            assert text.count("could not make cuda:1 current again") == 1, text  # once per process
+            assert "cudaErrorDevicesUnavailable" in text, text
+        finally:
+            os.dup2(saved, 2)
+            F.uninstall()
 
 
 def test_a_refused_device_restore_warns_once_and_never_throws():

@@ -165,7 +165,7 @@ def test_engine_for_a_device_is_the_one_the_dispatcher_holds_a_kernel_of():
     assert _loader.engine_for("meta") is None
 
 
-# ---------------------------------------------------------------- help (the demo's options: test_demo_usage.py)
+# -------------------------------------------------------------- help (the demo's options: test_demo_usage.py)
 
 
 @pytest.mark.parametrize("module", [demo, bench])

@@ -188,7 +188,7 @@ def test_the_offload_fraction_must_leave_one_host_block_per_job(capsys):
     assert demo.parse_args([*TINY, "--offload-fraction", repr(1 / 512)]).plan.host_blocks == 1
     below = repr(math.nextafter(1 / 512, 0.0))
     line = refusal(capsys, [*TINY, "--offload-fraction", below])
-    assert f"holds 512 device blocks" in line and f"--offload-fraction {float(below):g}" in line, line
+    assert "holds 512 device blocks" in line and f"--offload-fraction {float(below):g}" in line, line
 
 
 def test_the_cache_must_hold_one_block_of_each_tensor(capsys):

@@ -36,7 +36,7 @@ from setup_helpers import engines as build_engines  # noqa: E402
 NVCC_13_0 = ["7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
 
 
-def facts(**kw) -> "build_engines.Facts":
+def facts(**kw) -> build_engines.Facts:
     base = dict(
         torch_version="2.15.0+cu130",
         torch_cuda="13.0",

@@ -339,9 +339,9 @@ def test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env(tmp_path):
         "def test_env_and_path():\n"
         "    assert mutant_anchors.WHERE == 'copy'\n"
         "    assert os.environ['KVSWAP_RUN'] == 'yes'\n"
-        "    assert os.getcwd() == %r\n"
+        f"    assert os.getcwd() == {str(tmp_path)!r}\n"
         "def test_fails():\n"
-        "    assert os.environ.get('KVSWAP_FAIL') != '1'\n" % str(tmp_path)
+        "    assert os.environ.get('KVSWAP_FAIL') != '1'\n"
     )
     env = {"PATH": "/usr/bin:/bin", "KVSWAP_RUN": "yes"}
     code, out = mc.run_pytest(["test_one.py"], tmp_path, env, 120)

@@ -213,10 +213,7 @@ class Scheduler:
         is_store = self.rng.random() < 0.5
         n_host = self.rng.randint(1, 3)
         host_blocks = self.rng.sample(range(self.off.num_host_blocks), n_host)
-        if is_store:
-            n_dev = n_host * self.f - self.rng.randint(0, self.f - 1)
-        else:
-            n_dev = n_host * self.f
+        n_dev = n_host * self.f - self.rng.randint(0, self.f - 1) if is_store else n_host * self.f
         dev_blocks = self.rng.sample(range(self.off.num_device_blocks), n_dev)
         skip = (-n_dev % self.f) if is_store else 0
         subs = [h * self.f + k for h in host_blocks for k in range(self.f)][skip:]
@@ -266,7 +263,7 @@ def test_stress_random_interleaved_jobs_match_a_shadow_model(factor):
     caches = make_caches("stacked", 48, torch.float32, layers=2)
     off = KVCacheOffloader(caches, 16, 16 * factor, num_host_blocks=24)
     sched = Scheduler(off, flat(caches), rng)
-    for step in range(1000):
+    for _ in range(1000):
         sched.submit_random()
         if rng.random() < 0.3:
             sched.compute()

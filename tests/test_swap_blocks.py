@@ -211,7 +211,7 @@ def test_calls_from_several_threads_at_once_are_all_exact(mode, monkeypatch):
         try:
             for _ in range(5):
                 torch_kvswap.swap_blocks(src, dst, torch.arange(96), perm)
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # pragma: no cover - reported below  # noqa: BLE001
             errors.append(exc)
 
     threads = [

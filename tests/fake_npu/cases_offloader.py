@@ -3,7 +3,6 @@ mirrors and the Ascend engine together."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from npu_cases import fake  # noqa: F401 - the fixture

@@ -16,6 +16,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -134,11 +135,12 @@ def make_plan(args: argparse.Namespace) -> Plan:
         need = blocks_needed(args)
         itemsize = getattr(torch, args.dtype).itemsize
         raise ValueError(
-            f"--cache-gib {args.cache_gib:g} holds {num_blocks} device blocks in each of {tensors} K/V tensors "
-            f"(--layers {args.layers}) of {per_block}-byte blocks (--block-tokens {args.block_tokens} x "
-            f"--kv-heads {args.kv_heads} x --head-dim {args.head_dim} x {itemsize}-byte {args.dtype}); "
-            f"--jobs {args.jobs} needs {args.jobs} host blocks of --factor {args.factor} device blocks from "
-            f"--offload-fraction {args.offload_fraction:g} of them, so {need} per tensor: raise --cache-gib to "
+            f"--cache-gib {args.cache_gib:g} holds {num_blocks} device blocks in each of {tensors} "
+            f"K/V tensors (--layers {args.layers}) of {per_block}-byte blocks (--block-tokens "
+            f"{args.block_tokens} x --kv-heads {args.kv_heads} x --head-dim {args.head_dim} x "
+            f"{itemsize}-byte {args.dtype}); --jobs {args.jobs} needs {args.jobs} host blocks of "
+            f"--factor {args.factor} device blocks from --offload-fraction {args.offload_fraction:g} "
+            f"of them, so {need} per tensor: raise --cache-gib to "
             f"at least {gib(need * tensors * per_block)}, or lower --layers, --kv-heads, --head-dim, "
             f"--block-tokens, --factor or --jobs"
         )
@@ -190,8 +192,8 @@ def free_host_bytes() -> int | None:
     except (OSError, StopIteration, ValueError):
         pass
     try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        used = int(open("/sys/fs/cgroup/memory.current").read())
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
         if limit != "max":
             free = min(int(limit) - used, free if free is not None else int(limit))
     except (OSError, ValueError):
@@ -423,9 +425,8 @@ def main(argv=None) -> int:
         )
     ]
     ok = not mismatched and all(r.success for r in store_results + load_results)
-    print(
-        f"  verified every byte of {len(caches)} layers: {'OK' if ok else 'MISMATCH in ' + ', '.join(mismatched)}"
-    )
+    verdict = "OK" if ok else "MISMATCH in " + ", ".join(mismatched)
+    print(f"  verified every byte of {len(caches)} layers: {verdict}")
     return 0 if ok else 1
 
 

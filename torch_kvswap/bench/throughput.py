@@ -251,7 +251,7 @@ def make_case(block_bytes: int, args, arenas: Arenas, rng: np.random.Generator):
 
 def check_case(case) -> None:
     src, dst, sid, did = case
-    for s, d in zip(src, dst):
+    for s, _d in zip(src, dst):
         s.view(torch.uint8).copy_(torch.randint(0, 255, s.view(torch.uint8).shape, dtype=torch.uint8))
     torch.ops.kvswap.swap_blocks(src, dst, sid, did)
     if src[0].device.type != "cpu" or dst[0].device.type != "cpu":
@@ -335,7 +335,10 @@ def measure_overhead(args) -> dict:
         hosts = [torch.empty(4 * blocks, 16, dtype=torch.uint8) for _ in range(tensors)]
         sid = torch.from_numpy(rng.permutation(4 * blocks)[:blocks].astype(np.int64))
         did = torch.from_numpy(rng.permutation(4 * blocks)[:blocks].astype(np.int64))
-        plan = lambda: torch.ops.kvswap._plan_swap_blocks(caches, hosts, sid, did)  # noqa: E731
+
+        def plan():
+            return torch.ops.kvswap._plan_swap_blocks(caches, hosts, sid, did)
+
         for _ in range(3):
             timer(plan)
         t = statistics.median(timer(plan) for _ in range(21))
@@ -359,13 +362,19 @@ def measure_overhead(args) -> dict:
     # Fixed cost of a whole eager call from Python: one 1-byte block.
     src, dst = [torch.zeros(4, 1, dtype=torch.uint8)], [torch.zeros(4, 1, dtype=torch.uint8)]
     one, two = torch.tensor([1]), torch.tensor([2])
-    call = lambda: torch.ops.kvswap.swap_blocks.default(src, dst, one, two)  # noqa: E731
+
+    def call():
+        return torch.ops.kvswap.swap_blocks.default(src, dst, one, two)
+
     for _ in range(100):
         call()
     t = statistics.median(timer(call) for _ in range(2001))
     out["fixed_cost_per_call_us"] = t * 1e6
     sp, dp, sz = torch.tensor([src[0].data_ptr()]), torch.tensor([dst[0].data_ptr()]), torch.tensor([1])
-    call_ptr = lambda: torch.ops.kvswap.swap_blocks_batch.default(sp, dp, sz, 0)  # noqa: E731
+
+    def call_ptr():
+        return torch.ops.kvswap.swap_blocks_batch.default(sp, dp, sz, 0)
+
     t = statistics.median(timer(call_ptr) for _ in range(2001))
     out["fixed_cost_per_pointer_call_us"] = t * 1e6
     return out

@@ -63,7 +63,7 @@ def _shutdown_live() -> None:
     for offloader in list(_LIVE):
         try:
             offloader.shutdown()
-        except Exception:  # noqa: BLE001 - exit goes on; the others still shut down
+        except Exception:  # exit goes on; the others still shut down
             logger.exception("kvswap: shutting down an offloader at exit failed")
 
 
@@ -206,7 +206,7 @@ class Lanes:
             else:
                 try:
                     self._launch_on_stream(job)
-                except BaseException as exc:  # noqa: BLE001 - never leave a job unfinishable
+                except BaseException as exc:  # never leave a job unfinishable
                     self._fail(job, exc)
                     job.done.set()
                     if not isinstance(exc, Exception):

@@ -1,4 +1,5 @@
-"""``KVSwapOffloadingHandler``: vLLM 0.23's ``OffloadingHandler`` over a :class:`~torch_kvswap.KVCacheOffloader`.
+"""``KVSwapOffloadingHandler``: vLLM 0.23's ``OffloadingHandler`` over a
+:class:`~torch_kvswap.KVCacheOffloader`.
 
 It subclasses vLLM's ``OffloadingHandler``, so importing this module imports
 vLLM, after :func:`~.compat.check_handler_vllm` has accepted its release's

@@ -1,4 +1,5 @@
-"""vLLM's ``OffloadingConnector`` path: an ``OffloadingSpec`` whose worker is a :class:`~torch_kvswap.KVCacheOffloader`.
+"""vLLM's ``OffloadingConnector`` path: an ``OffloadingSpec`` whose worker is a
+:class:`~torch_kvswap.KVCacheOffloader`.
 
 Select it in ``vllm serve`` with::
 

@@ -1,4 +1,5 @@
-"""``KVSwapSimpleCPUOffloadConnector`` and its worker: vLLM's simple CPU offload classes, copying with torch_kvswap.
+"""``KVSwapSimpleCPUOffloadConnector`` and its worker: vLLM's simple CPU offload classes,
+copying with torch_kvswap.
 
 They subclass vLLM's ``SimpleCPUOffloadConnector`` and
 ``SimpleCPUOffloadWorker``, so importing this module imports vLLM, after

@@ -1,4 +1,5 @@
-"""vLLM's ``SimpleCPUOffloadConnector`` path, with :class:`~.copy_backend.KVSwapCopyBackend` as its copy backend.
+"""vLLM's ``SimpleCPUOffloadConnector`` path, with :class:`~.copy_backend.KVSwapCopyBackend`
+as its copy backend.
 
 Select it in ``vllm serve`` with::
 
@@ -132,9 +133,9 @@ def kv_regions(kv_caches: dict[str, torch.Tensor], kv_cache_config: Any) -> dict
             starts = [
                 (
                     f"{layer}.{i}" if per_layer > 1 else layer,
-                    int(kt.offset) + l * int(kt.layer_stride) + i * span,
+                    int(kt.offset) + k * int(kt.layer_stride) + i * span,
                 )
-                for l, layer in enumerate(kt.layers)
+                for k, layer in enumerate(kt.layers)
                 for i in range(per_layer)
             ]
         else:
