@@ -58,8 +58,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from setup_helpers import INSTALL_COMMAND, flag, release  # noqa: E402
-from setup_helpers.engines import (Decision, Engine, decide_cuda, decide_fakes, decide_npu,  # noqa: E402
-                                   gather_facts, refuse_impossible_forced)
+from setup_helpers.engines import (  # noqa: E402
+    Decision,
+    Engine,
+    decide_cuda,
+    decide_fakes,
+    decide_npu,
+    gather_facts,
+    refuse_impossible_forced,
+)
 
 #: The oldest torch release the package builds against and is tested with
 #: (README.md, "Install"): vllm-ascend's pin (torch 2.10.0 with torch-npu
@@ -105,8 +112,10 @@ def import_build_torch():
     if "pip-build-env" in str(Path(torch.__file__).resolve()):
         raise SystemExit(ISOLATION_MESSAGE)
     if release(torch.__version__)[:2] < MIN_TORCH:
-        raise SystemExit(f"torch_kvswap needs torch >= {'.'.join(map(str, MIN_TORCH))}; "
-                         f"this environment has torch {torch.__version__}.")
+        raise SystemExit(
+            f"torch_kvswap needs torch >= {'.'.join(map(str, MIN_TORCH))}; "
+            f"this environment has torch {torch.__version__}."
+        )
     return torch
 
 
@@ -117,8 +126,10 @@ def require_wheel_support() -> None:
     import setuptools
 
     if release(setuptools.__version__) < (70, 1) and importlib.util.find_spec("wheel") is None:
-        raise SystemExit(f"setuptools {setuptools.__version__} cannot build wheels without the `wheel` "
-                         f"package: pip install \"setuptools>=70.1\" ninja numpy, then {INSTALL_COMMAND}")
+        raise SystemExit(
+            f"setuptools {setuptools.__version__} cannot build wheels without the `wheel` "
+            f"package: pip install \"setuptools>=70.1\" ninja numpy, then {INSTALL_COMMAND}"
+        )
 
 
 # ---------------------------------------------------------------- extensions
@@ -149,16 +160,24 @@ def _torch_parallel_backend_is_openmp() -> bool:
 def core_extension():
     from torch.utils.cpp_extension import CppExtension
 
-    sources = [CSRC / "registration.cpp", *sorted((CSRC / "core").glob("*.cpp")),
-               CSRC / "host" / "host_engine.cpp"]
+    sources = [
+        CSRC / "registration.cpp",
+        *sorted((CSRC / "core").glob("*.cpp")),
+        CSRC / "host" / "host_engine.cpp",
+    ]
     # The host engine runs on at::parallel_for, which is inline OpenMP code
     # when torch's backend is OpenMP. Linking -fopenmp adds a libgomp.so.1
     # dependency that resolves to the copy torch already loaded, so the
     # process keeps one OpenMP runtime and one set of threads.
     openmp = ["-fopenmp"] if _torch_parallel_backend_is_openmp() else []
-    return CppExtension("torch_kvswap._C", _rel(sources), extra_compile_args={"cxx": STRICT_CXX + openmp},
-                        extra_link_args=openmp, py_limited_api=False,
-                        depends=_headers(CSRC, CSRC / "core", CSRC / "host"))
+    return CppExtension(
+        "torch_kvswap._C",
+        _rel(sources),
+        extra_compile_args={"cxx": STRICT_CXX + openmp},
+        extra_link_args=openmp,
+        py_limited_api=False,
+        depends=_headers(CSRC, CSRC / "core", CSRC / "host"),
+    )
 
 
 def cuda_extension(decision: Decision):
@@ -166,12 +185,18 @@ def cuda_extension(decision: Decision):
 
     # Host logic (cuda_engine.cpp), its binding to libcudart and torch
     # (cuda_api_real.cpp), and the kernel (copy_kernel.cu, nvcc).
-    sources = [CSRC / "cuda" / "cuda_engine.cpp", CSRC / "cuda" / "cuda_api_real.cpp",
-               CSRC / "cuda" / "copy_kernel.cu"]
-    return CUDAExtension("torch_kvswap._C_cuda", _rel(sources), optional=not decision.forced,
-                         depends=_headers(CSRC, CSRC / "cuda"),
-                         extra_compile_args={"cxx": STRICT_CXX,
-                                             "nvcc": ["-O3", "-Xcompiler", "-fvisibility=hidden"]})
+    sources = [
+        CSRC / "cuda" / "cuda_engine.cpp",
+        CSRC / "cuda" / "cuda_api_real.cpp",
+        CSRC / "cuda" / "copy_kernel.cu",
+    ]
+    return CUDAExtension(
+        "torch_kvswap._C_cuda",
+        _rel(sources),
+        optional=not decision.forced,
+        depends=_headers(CSRC, CSRC / "cuda"),
+        extra_compile_args={"cxx": STRICT_CXX, "nvcc": ["-O3", "-Xcompiler", "-fvisibility=hidden"]},
+    )
 
 
 def npu_extension(decision: Decision, npu_root: Path):
@@ -190,10 +215,16 @@ def npu_extension(decision: Decision, npu_root: Path):
 
     include = npu_root / "include"
     link_torch_npu = ["-Wl,--as-needed", f"-L{npu_root / 'lib'}", "-ltorch_npu", "-Wl,--no-as-needed"]
-    return CppExtension("torch_kvswap._C_npu", _rel(sorted((CSRC / "ascend").glob("*.cpp"))),
-                        include_dirs=[str(include), str(include / "third_party" / "acl" / "inc")],
-                        libraries=["dl"], optional=not decision.forced, depends=_headers(CSRC, CSRC / "ascend"),
-                        extra_compile_args={"cxx": STRICT_CXX}, extra_link_args=link_torch_npu)
+    return CppExtension(
+        "torch_kvswap._C_npu",
+        _rel(sorted((CSRC / "ascend").glob("*.cpp"))),
+        include_dirs=[str(include), str(include / "third_party" / "acl" / "inc")],
+        libraries=["dl"],
+        optional=not decision.forced,
+        depends=_headers(CSRC, CSRC / "ascend"),
+        extra_compile_args={"cxx": STRICT_CXX},
+        extra_link_args=link_torch_npu,
+    )
 
 
 def fake_cuda_extension(include: str):
@@ -201,14 +232,22 @@ def fake_cuda_extension(include: str):
     from torch.utils.cpp_extension import CppExtension
 
     fakes = ROOT / "tests" / "fake_cuda"
-    sources = [fakes / "engine_under_test.cpp", fakes / "fake_cuda_runtime.cpp",
-               fakes / "fake_cuda_module.cpp"]
+    sources = [
+        fakes / "engine_under_test.cpp",
+        fakes / "fake_cuda_runtime.cpp",
+        fakes / "fake_cuda_module.cpp",
+    ]
     coverage = ["--coverage"] if flag("KVSWAP_FAKE_COVERAGE") else []
     # engine_under_test.cpp includes csrc/cuda/cuda_engine.cpp.
     depends = _headers(CSRC, CSRC / "cuda", fakes) + _rel([CSRC / "cuda" / "cuda_engine.cpp"])
-    return CppExtension("torch_kvswap._fake_cuda", _rel(sources), include_dirs=[include], depends=depends,
-                        extra_compile_args={"cxx": [f for f in STRICT_CXX if f != "-O3"] + ["-O2"] + coverage},
-                        extra_link_args=coverage)
+    return CppExtension(
+        "torch_kvswap._fake_cuda",
+        _rel(sources),
+        include_dirs=[include],
+        depends=depends,
+        extra_compile_args={"cxx": [f for f in STRICT_CXX if f != "-O3"] + ["-O2"] + coverage},
+        extra_link_args=coverage,
+    )
 
 
 def plan_engines(torch) -> list[Engine]:
@@ -220,10 +259,16 @@ def plan_engines(torch) -> list[Engine]:
     return [
         Engine("host", "torch_kvswap._C", Decision(True, forced=True), core_extension()),
         Engine("cuda", "torch_kvswap._C_cuda", cuda, cuda_extension(cuda) if cuda.build else None),
-        Engine("npu", "torch_kvswap._C_npu", npu,
-               npu_extension(npu, facts.torch_npu_root) if npu.build else None),
-        Engine("fake_cuda", "torch_kvswap._fake_cuda", fakes,
-               fake_cuda_extension(facts.cuda_headers) if fakes.build else None, test_only=True),
+        Engine(
+            "npu", "torch_kvswap._C_npu", npu, npu_extension(npu, facts.torch_npu_root) if npu.build else None
+        ),
+        Engine(
+            "fake_cuda",
+            "torch_kvswap._fake_cuda",
+            fakes,
+            fake_cuda_extension(facts.cuda_headers) if fakes.build else None,
+            test_only=True,
+        ),
     ]
 
 

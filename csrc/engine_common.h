@@ -24,9 +24,8 @@ namespace kvswap {
 // error messages that must say which copy failed.
 inline std::string format_descriptor(const CopyBatch& b, int64_t i) {
   std::ostringstream out;
-  out << "descriptor " << i << ": src 0x" << std::hex << b.src[i] << " -> dst 0x" << b.dst[i]
-      << std::dec << ", " << b.size[i] << " bytes, "
-      << direction_name(static_cast<int64_t>(b.direction));
+  out << "descriptor " << i << ": src 0x" << std::hex << b.src[i] << " -> dst 0x" << b.dst[i] << std::dec
+      << ", " << b.size[i] << " bytes, " << direction_name(static_cast<int64_t>(b.direction));
   return out.str();
 }
 

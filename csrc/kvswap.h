@@ -73,8 +73,8 @@ inline constexpr const char* kNothingCopied = "nothing was copied";
 inline std::string copies_left_behind(int64_t queued, int64_t count) {
   if (queued <= 0) return kNothingCopied;
   return "descriptors 0.." + std::to_string(queued - 1) + " of this call's " + std::to_string(count) +
-         " were queued before the failure and will still run; descriptors " + std::to_string(queued) +
-         ".." + std::to_string(count - 1) + " were not";
+         " were queued before the failure and will still run; descriptors " + std::to_string(queued) + ".." +
+         std::to_string(count - 1) + " were not";
 }
 
 // Runs `f`, which queues no copy; an error it raises says nothing was copied.
@@ -105,16 +105,12 @@ struct CopyBatch {
 // Views the tensors of a `_submit` call as a CopyBatch. The tensors were built
 // by the core (contiguous, int64, CPU, equal length, sizes > 0), so this only
 // re-checks what is cheap and would otherwise corrupt memory.
-inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs,
-                                    const at::Tensor& dst_ptrs,
-                                    const at::Tensor& sizes,
-                                    int64_t direction,
-                                    int64_t total_bytes) {
+inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
+                                    const at::Tensor& sizes, int64_t direction, int64_t total_bytes) {
   const auto n = src_ptrs.numel();
-  TORCH_CHECK(dst_ptrs.numel() == n && sizes.numel() == n &&
-                  src_ptrs.scalar_type() == at::kLong && dst_ptrs.scalar_type() == at::kLong &&
-                  sizes.scalar_type() == at::kLong && src_ptrs.is_contiguous() &&
-                  dst_ptrs.is_contiguous() && sizes.is_contiguous(),
+  TORCH_CHECK(dst_ptrs.numel() == n && sizes.numel() == n && src_ptrs.scalar_type() == at::kLong &&
+                  dst_ptrs.scalar_type() == at::kLong && sizes.scalar_type() == at::kLong &&
+                  src_ptrs.is_contiguous() && dst_ptrs.is_contiguous() && sizes.is_contiguous(),
               "kvswap::_submit expects the core's descriptor tensors; call swap_blocks or "
               "swap_blocks_batch instead");
   CopyBatch batch;
@@ -127,8 +123,6 @@ inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs,
   return batch;
 }
 
-inline void* as_ptr(int64_t address) {
-  return reinterpret_cast<void*>(static_cast<uintptr_t>(address));
-}
+inline void* as_ptr(int64_t address) { return reinterpret_cast<void*>(static_cast<uintptr_t>(address)); }
 
 }  // namespace kvswap

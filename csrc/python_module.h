@@ -5,10 +5,9 @@
 
 #include <Python.h>
 
-#define KVSWAP_PYTHON_MODULE(NAME)                                                  \
-  extern "C" PyMODINIT_FUNC PyInit_##NAME(void) {                                   \
-    static struct PyModuleDef module_def = {                                        \
-        PyModuleDef_HEAD_INIT, #NAME, nullptr, 0, nullptr, nullptr, nullptr, nullptr, \
-        nullptr};                                                                   \
-    return PyModule_Create(&module_def);                                            \
+#define KVSWAP_PYTHON_MODULE(NAME)                                                              \
+  extern "C" PyMODINIT_FUNC PyInit_##NAME(void) {                                               \
+    static struct PyModuleDef module_def = {                                                    \
+        PyModuleDef_HEAD_INIT, #NAME, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr}; \
+    return PyModule_Create(&module_def);                                                        \
   }

@@ -99,7 +99,8 @@ TORCH_LIBRARY(kvswap, m) {
 
   // Dry run of swap_blocks_batch: validates and returns the merged
   // descriptors it would submit.
-  m.def("_plan_swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "_plan_swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> (Tensor, Tensor, Tensor)");
 
   // How the host engine would copy a batch of `total_bytes` bytes from this
   // thread now: the copy routine (after KVSWAP_HOST_COPY and the CPU's

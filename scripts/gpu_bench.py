@@ -40,15 +40,20 @@ import torch
 import torch_kvswap
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_report as R  # noqa: E402
-from gpu_probe import CudaBackend, FakeBackend, Results  # noqa: E402
+import gpu_report as R
+from gpu_probe import CudaBackend, FakeBackend, Results
 
-DIRECTION = {"h2d": torch_kvswap.Direction.HOST_TO_DEVICE, "d2h": torch_kvswap.Direction.DEVICE_TO_HOST,
-             "d2d": torch_kvswap.Direction.DEVICE_TO_DEVICE}
+DIRECTION = {
+    "h2d": torch_kvswap.Direction.HOST_TO_DEVICE,
+    "d2h": torch_kvswap.Direction.DEVICE_TO_HOST,
+    "d2d": torch_kvswap.Direction.DEVICE_TO_DEVICE,
+}
 # What each path must call on the fake (the API whose count grows, the APIs that must not).
-FAKE_CALLS = {"batch_dma": ("cudaMemcpyBatchAsync", ("cudaLaunchKernel", "cudaMemcpyAsync")),
-              "kernel": ("cudaLaunchKernel", ("cudaMemcpyBatchAsync", "cudaMemcpyAsync")),
-              "per_copy": ("cudaMemcpyAsync", ("cudaMemcpyBatchAsync", "cudaLaunchKernel"))}
+FAKE_CALLS = {
+    "batch_dma": ("cudaMemcpyBatchAsync", ("cudaLaunchKernel", "cudaMemcpyAsync")),
+    "kernel": ("cudaLaunchKernel", ("cudaMemcpyBatchAsync", "cudaMemcpyAsync")),
+    "per_copy": ("cudaMemcpyAsync", ("cudaMemcpyBatchAsync", "cudaLaunchKernel")),
+}
 
 
 class Pools:
@@ -122,15 +127,24 @@ def fake_path_check(B, path, before):
 def measure_row(B, P, out, direction, kib, asked, side, reps):
     bb = kib * 1024
     n = min(asked, P.cap // bb)
-    src_pool, dst_pool, ref_pool = {"h2d": (P.host, P.scratch, P.host_ref), "d2h": (P.dev, P.host, P.dev_ref),
-                                    "d2d": (P.dev, P.scratch, P.dev_ref)}[direction]
+    src_pool, dst_pool, ref_pool = {
+        "h2d": (P.host, P.scratch, P.host_ref),
+        "d2h": (P.dev, P.host, P.dev_ref),
+        "d2d": (P.dev, P.scratch, P.dev_ref),
+    }[direction]
     src, dst, ref = P.rows(src_pool, n, bb), P.rows(dst_pool, n, bb), P.rows(ref_pool, n, bb)
     g = torch.Generator().manual_seed(kib * 10007 + asked)
     sid_cpu, did_cpu = torch.randperm(n, generator=g), torch.randperm(n, generator=g)
     where = "cuda" if B.kind == "cuda" else "cpu"
     sid_c, did_c = sid_cpu.to(where), did_cpu.to(where)
-    base = {"direction": direction, "block_kib": kib, "descriptors": n, "descriptors_asked": asked,
-            "row_bytes": n * bb, "capped": n < asked}
+    base = {
+        "direction": direction,
+        "block_kib": kib,
+        "descriptors": n,
+        "descriptors_asked": asked,
+        "row_bytes": n * bb,
+        "capped": n < asked,
+    }
     total = n * bb
 
     def check(mapping: bool):
@@ -151,10 +165,15 @@ def measure_row(B, P, out, direction, kib, asked, side, reps):
     P.zero(dst)
     flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
     if B.kind == "cuda":
-        copy = lambda: flat_dst.copy_(flat_src, non_blocking=True)  # noqa: E731
+
+        def copy():
+            return flat_dst.copy_(flat_src, non_blocking=True)
     else:  # the fake: one descriptor through the engine's pointer path
         sp, dp = torch.tensor([flat_src.data_ptr()]), torch.tensor([flat_dst.data_ptr()])
-        copy = lambda: B.pointer_copy(sp, dp, torch.tensor([total]), DIRECTION[direction])  # noqa: E731
+
+        def copy():
+            return B.pointer_copy(sp, dp, torch.tensor([total]), DIRECTION[direction])
+
     try:
         with B.on(side):
             secs = B.times(copy, side, reps)
@@ -166,9 +185,18 @@ def measure_row(B, P, out, direction, kib, asked, side, reps):
     for path in ("batch_dma", "kernel", "per_copy"):
         torch_kvswap.set_copy_method("kernel" if path == "kernel" else "dma")
         P.zero(dst)
-        before = {api: B.F.count_calls(api) for api in ("cudaMemcpyBatchAsync", "cudaLaunchKernel",
-                                                        "cudaMemcpyAsync")} if B.kind == "fake" else None
-        call = lambda: torch_kvswap.swap_blocks([src], [dst], sid_cpu, did_cpu)  # noqa: E731
+        before = (
+            {
+                api: B.F.count_calls(api)
+                for api in ("cudaMemcpyBatchAsync", "cudaLaunchKernel", "cudaMemcpyAsync")
+            }
+            if B.kind == "fake"
+            else None
+        )
+
+        def call():
+            return torch_kvswap.swap_blocks([src], [dst], sid_cpu, did_cpu)
+
         try:
             if path == "per_copy":
                 with B.on(side):
@@ -206,14 +234,22 @@ def bench(path: str, B) -> int:
     out = Results(path, B)
     cap = (1 << 30) if B.kind == "cuda" else (1 << 20)
     reps = 5 if B.kind == "cuda" else 1
-    out.data.update(row_bytes_cap=cap, row_bytes_note="a row holds descriptors x block bytes up to the cap; "
-                    "where that would pass it, it runs cap / block bytes descriptors ('capped', "
-                    "'descriptors' against 'descriptors_asked')", reps=reps, timing="best of reps after one warm-up" +
-                    (", CUDA events on the stream" if B.kind == "cuda" else ", wall clock (fake: meaningless)"),
-                    paths={"contiguous": "one copy of the row's bytes", "batch_dma": "set_copy_method('dma')",
-                           "kernel": "set_copy_method('kernel'), host ids",
-                           "per_copy": "set_copy_method('dma') captured in a graph, replayed"},
-                    engine_before=engine_report(B))
+    out.data.update(
+        row_bytes_cap=cap,
+        row_bytes_note="a row holds descriptors x block bytes up to the cap; "
+        "where that would pass it, it runs cap / block bytes descriptors ('capped', "
+        "'descriptors' against 'descriptors_asked')",
+        reps=reps,
+        timing="best of reps after one warm-up"
+        + (", CUDA events on the stream" if B.kind == "cuda" else ", wall clock (fake: meaningless)"),
+        paths={
+            "contiguous": "one copy of the row's bytes",
+            "batch_dma": "set_copy_method('dma')",
+            "kernel": "set_copy_method('kernel'), host ids",
+            "per_copy": "set_copy_method('dma') captured in a graph, replayed",
+        },
+        engine_before=engine_report(B),
+    )
     P = Pools(B, cap)
     side = B.bench_stream()
     grid = [(d, k, n) for d in R.DIRECTIONS for k in R.BLOCK_KIB for n in R.DESCRIPTORS]
@@ -226,8 +262,14 @@ def bench(path: str, B) -> int:
     res = out.data["results"]
     out.data["crossover"] = R.crossover(res)
     out.data["missing_rows"] = R.missing_rows(out.data)
-    if out.data["engine_after"] and not any("cudaMemcpyBatchAsync in use" in x for x in out.data["engine_after"]):
-        out.add(path="engine", ok=False, error="the batch API was not in use at the end: batch_dma rows are per copy")
+    if out.data["engine_after"] and not any(
+        "cudaMemcpyBatchAsync in use" in x for x in out.data["engine_after"]
+    ):
+        out.add(
+            path="engine",
+            ok=False,
+            error="the batch API was not in use at the end: batch_dma rows are per copy",
+        )
     out.flush()
     bad = [r for r in res if not r.get("ok")] or out.data["missing_rows"] or out.data.get("fake_violations")
     return 1 if bad else 0

@@ -30,8 +30,13 @@ import torch_kvswap
 class Results:
     def __init__(self, path: str, backend):
         self.path = path
-        self.data: dict = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                           "gpu": backend.name(), "backend": backend.kind, "results": []}
+        self.data: dict = {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "gpu": backend.name(),
+            "backend": backend.kind,
+            "results": [],
+        }
         self.flush()
 
     def add(self, flush=True, **entry):
@@ -95,6 +100,7 @@ class CudaBackend:
 
         class Holder:
             replay = staticmethod(graph.replay)
+
         with torch.cuda.graph(graph):
             yield Holder
 
@@ -192,6 +198,7 @@ class FakeBackend(CudaBackend):
                 err = F.launch_graph(Holder.exec, stream)
                 if err != "cudaSuccess":
                     raise RuntimeError(f"fake cudaGraphLaunch: {err}")
+
         err = F.begin_capture(stream, 0)
         if err != "cudaSuccess":
             raise RuntimeError(f"fake cudaStreamBeginCapture: {err}")
@@ -207,8 +214,9 @@ class FakeBackend(CudaBackend):
         # The pointer op takes its device from torch's current accelerator, which a CPU
         # build of torch does not have: the engine call it makes, redispatched to CUDA.
         total = int(sizes.sum())
-        torch.ops.kvswap._submit.default.redispatch(self.CUDA, sp, dp, sizes, int(direction), total,
-                                                   torch.device("cuda", 0))
+        torch.ops.kvswap._submit.default.redispatch(
+            self.CUDA, sp, dp, sizes, int(direction), total, torch.device("cuda", 0)
+        )
 
     def bench_stream(self):
         return self.stream  # the stream capture() captures on
@@ -292,6 +300,7 @@ class CudagraphWatch:
         class Handler(logging.Handler):
             def emit(self, record):
                 watch.reasons.append(record.getMessage())
+
         self.handler = Handler(logging.DEBUG)
         self.logger = logging.getLogger(self.LOGGER)
         self.level = self.logger.level
@@ -319,7 +328,8 @@ class CudagraphWatch:
         # Inductor logs a skip's reason only when the graph has a CUDA device; without
         # one it counts the skip and says nothing.
         why = "; ".join(dict.fromkeys(self.reasons)) or (
-            None if recorded else f"{skips} cudagraph skip(s), no reason logged (no CUDA device in the graph)")
+            None if recorded else f"{skips} cudagraph skip(s), no reason logged (no CUDA device in the graph)"
+        )
         return {"graph_recorded": recorded, "cudagraph_skips": skips, "why_not": None if recorded else why}
 
 
@@ -359,11 +369,15 @@ def probe(path: str, B) -> int:
     out = Results(path, B)
     failures = 0
     blocks = (2048, 65536)
-    cases = [("capture", m, p, bb) for m in ("auto", "dma", "kernel") for p in ("host", "device")
-             for bb in blocks]
+    cases = [
+        ("capture", m, p, bb) for m in ("auto", "dma", "kernel") for p in ("host", "device") for bb in blocks
+    ]
     cases += [("pointer_op",)]
-    cases += [("reduce_overhead", p, bb) for p in ("host", "device") for bb in blocks] \
-        if B.kind == "cuda" else [("reduce_overhead", "host", 2048)]
+    cases += (
+        [("reduce_overhead", p, bb) for p in ("host", "device") for bb in blocks]
+        if B.kind == "cuda"
+        else [("reduce_overhead", "host", 2048)]
+    )
     for case in cases:
         t0 = time.perf_counter()
         extra = {}

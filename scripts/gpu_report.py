@@ -55,7 +55,10 @@ GOALS = (
     ("dma_from_64k", "batch DMA ≥ 0.9× the contiguous pinned copy from 64 KiB"),
     ("dma_at_16k", "batch DMA ≥ 0.8× the contiguous pinned copy at 16 KiB"),
     ("kernel_at_2k", "the kernel path at 2 KiB ≥ 5× batch DMA"),
-    ("sanitizers_clean", "compute-sanitizer memcheck (kernel and batch paths) and racecheck (kernel path) find nothing"),
+    (
+        "sanitizers_clean",
+        "compute-sanitizer memcheck (kernel and batch paths) and racecheck (kernel path) find nothing",
+    ),
 )
 
 
@@ -65,7 +68,9 @@ def check_out(out: str, required=()) -> tuple[list[str], list[str]]:
     for dirpath, dirnames, filenames in os.walk(out):
         rel = os.path.relpath(dirpath, out)
         for d in sorted(dirnames):
-            problems.append(f"{os.path.join(rel, d) if rel != '.' else d}: a folder (only files at the top level)")
+            problems.append(
+                f"{os.path.join(rel, d) if rel != '.' else d}: a folder (only files at the top level)"
+            )
         for f in sorted(filenames):
             path = os.path.join(dirpath, f)
             name = f if rel == "." else os.path.join(rel, f)
@@ -101,7 +106,7 @@ def cut(data: bytes, limit: int = LOG_CUT_BYTES, head: int = LOG_HEAD_BYTES) -> 
     if len(data) <= limit:
         return data
     note = f"\n[... {len(data) - limit} bytes cut by gpu_report.py ...]\n".encode()
-    return data[:head] + note + data[len(data) - (limit - head):]
+    return data[:head] + note + data[len(data) - (limit - head) :]
 
 
 def pack_logs(logs: str, target: str) -> None:
@@ -211,8 +216,10 @@ def rows_of(bench: dict, **want) -> list[dict]:
 def missing_rows(bench: dict) -> list[str]:
     """Grid points of the bench with no result: every size and path, both directions and
     descriptor counts, and device-to-device at 16 KiB."""
-    have = {(r.get("direction"), r.get("block_kib"), r.get("descriptors_asked"), r.get("path"))
-            for r in bench.get("results", [])}
+    have = {
+        (r.get("direction"), r.get("block_kib"), r.get("descriptors_asked"), r.get("path"))
+        for r in bench.get("results", [])
+    }
     want = [(d, k, n, p) for d in DIRECTIONS for k in BLOCK_KIB for n in DESCRIPTORS for p in PATHS]
     want += [("d2d", D2D_KIB, n, p) for n in DESCRIPTORS for p in PATHS]
     return [f"{d} {k} KiB x {n} {p}" for d, k, n, p in want if (d, k, n, p) not in have]
@@ -227,8 +234,13 @@ def crossover(rows: list[dict]) -> list[dict]:
         for n in DESCRIPTORS:
             gb = {}
             for r in rows:
-                if r.get("direction") == d and r.get("descriptors_asked") == n and r.get("ok") \
-                        and r.get("path") in ("batch_dma", "kernel") and r.get("gbps"):
+                if (
+                    r.get("direction") == d
+                    and r.get("descriptors_asked") == n
+                    and r.get("ok")
+                    and r.get("path") in ("batch_dma", "kernel")
+                    and r.get("gbps")
+                ):
                     gb.setdefault(r["block_kib"], {})[r["path"]] = r["gbps"]
             sizes = sorted(k for k, v in gb.items() if len(v) == 2)
             if d == "d2d" or not sizes:
@@ -246,15 +258,18 @@ def crossover(rows: list[dict]) -> list[dict]:
                 if worst is None or loss > worst["best_over_auto"]:
                     worst = {"block_kib": k, "best_over_auto": round(loss, 3)}
             kernel_faster = [k for k in sizes if gb[k]["kernel"] > gb[k]["batch_dma"]]
-            found.append({
-                "direction": d, "descriptors": n,
-                "dma_from_kib": dma_from,  # None: the kernel is faster at the largest size
-                "kernel_faster_at_kib": kernel_faster,
-                "auto_threshold_kib": AUTO_THRESHOLD_KIB,
-                "agrees_with_auto": dma_from is not None and
-                max([k for k in sizes if k < dma_from], default=0) < AUTO_THRESHOLD_KIB <= dma_from,
-                "auto_worst": worst,
-            })
+            found.append(
+                {
+                    "direction": d,
+                    "descriptors": n,
+                    "dma_from_kib": dma_from,  # None: the kernel is faster at the largest size
+                    "kernel_faster_at_kib": kernel_faster,
+                    "auto_threshold_kib": AUTO_THRESHOLD_KIB,
+                    "agrees_with_auto": dma_from is not None
+                    and max([k for k in sizes if k < dma_from], default=0) < AUTO_THRESHOLD_KIB <= dma_from,
+                    "auto_worst": worst,
+                }
+            )
     return found
 
 
@@ -264,16 +279,26 @@ def judge_goals(bench: dict | None, steps: dict, dry: bool) -> list[dict]:
     judged = []
 
     def ratio_goal(key, text, kib_ok, target):
-        rows = [r for r in (bench or {}).get("results", [])
-                if r.get("path") == "batch_dma" and r.get("direction") in DIRECTIONS and kib_ok(r.get("block_kib"))
-                and r.get("ok")]
+        rows = [
+            r
+            for r in (bench or {}).get("results", [])
+            if r.get("path") == "batch_dma"
+            and r.get("direction") in DIRECTIONS
+            and kib_ok(r.get("block_kib"))
+            and r.get("ok")
+        ]
         vals = [(r.get("vs_contiguous"), r) for r in rows]
         if not rows or any(v is None for v, _ in vals):
             return {"goal": key, "text": text, "verdict": "not measured", "why": "no checked bench row"}
         v, r = min(vals, key=lambda x: x[0])
-        return {"goal": key, "text": text, "target": target, "measured": round(v, 3),
-                "worst_at": f"{r['direction']} {r['block_kib']} KiB x {r['descriptors']}",
-                "verdict": "pass" if v >= target else "fail"}
+        return {
+            "goal": key,
+            "text": text,
+            "target": target,
+            "measured": round(v, 3),
+            "worst_at": f"{r['direction']} {r['block_kib']} KiB x {r['descriptors']}",
+            "verdict": "pass" if v >= target else "fail",
+        }
 
     for key, text in GOALS:
         if key == "dma_from_64k":
@@ -286,31 +311,65 @@ def judge_goals(bench: dict | None, steps: dict, dry: bool) -> list[dict]:
                 for n in DESCRIPTORS:
                     k = rows_of(bench or {}, direction=d, block_kib=2, descriptors_asked=n, path="kernel")
                     b = rows_of(bench or {}, direction=d, block_kib=2, descriptors_asked=n, path="batch_dma")
-                    if k and b and k[0].get("ok") and b[0].get("ok") and k[0].get("gbps") and b[0].get("gbps"):
+                    if (
+                        k
+                        and b
+                        and k[0].get("ok")
+                        and b[0].get("ok")
+                        and k[0].get("gbps")
+                        and b[0].get("gbps")
+                    ):
                         pairs.append((k[0]["gbps"] / b[0]["gbps"], f"{d} x {n}"))
             if len(pairs) < len(DIRECTIONS) * len(DESCRIPTORS):
-                g = {"goal": key, "text": text, "verdict": "not measured", "why": "no checked 2 KiB kernel and DMA rows"}
+                g = {
+                    "goal": key,
+                    "text": text,
+                    "verdict": "not measured",
+                    "why": "no checked 2 KiB kernel and DMA rows",
+                }
             else:
                 v, where = min(pairs)
-                g = {"goal": key, "text": text, "target": 5.0, "measured": round(v, 3), "worst_at": where,
-                     "verdict": "pass" if v >= 5.0 else "fail"}
+                g = {
+                    "goal": key,
+                    "text": text,
+                    "target": 5.0,
+                    "measured": round(v, 3),
+                    "worst_at": where,
+                    "verdict": "pass" if v >= 5.0 else "fail",
+                }
         else:  # sanitizers_clean
             found = {s: steps.get(s, {}) for s in ("memcheck", "racecheck")}
             errors = {s: r.get("result", {}).get("sanitizer_errors") for s, r in found.items()}
             if any(not r for r in found.values()):
-                g = {"goal": key, "text": text, "verdict": "not measured",
-                     "why": "not run: " + ", ".join(s for s, r in found.items() if not r)}
+                g = {
+                    "goal": key,
+                    "text": text,
+                    "verdict": "not measured",
+                    "why": "not run: " + ", ".join(s for s, r in found.items() if not r),
+                }
             elif any(r.get("result", {}).get("sanitizer") != "compute-sanitizer" for r in found.values()):
                 g = {"goal": key, "text": text, "verdict": "not measured", "why": "no sanitizer in a dry run"}
             elif any(e is None for e in errors.values()):
-                g = {"goal": key, "text": text, "verdict": "fail", "measured": errors,
-                     "why": "a sanitizer printed no summary (cut short?)"}
+                g = {
+                    "goal": key,
+                    "text": text,
+                    "verdict": "fail",
+                    "measured": errors,
+                    "why": "a sanitizer printed no summary (cut short?)",
+                }
             else:
                 junit = {s: r.get("result", {}).get("junit") or {} for s, r in found.items()}
                 unrun = [s for s, j in junit.items() if not j.get("passed") or j.get("skipped")]
-                clean = all(e == 0 for e in errors.values()) and all(r.get("status") == "ok" for r in found.values())
-                g = {"goal": key, "text": text, "measured": errors, "tests": junit,
-                     "verdict": "pass" if clean and not unrun else "fail"}
+                clean = all(e == 0 for e in errors.values()) and all(
+                    r.get("status") == "ok" for r in found.values()
+                )
+                g = {
+                    "goal": key,
+                    "text": text,
+                    "measured": errors,
+                    "tests": junit,
+                    "verdict": "pass" if clean and not unrun else "fail",
+                }
                 if unrun:
                     g["why"] = "the chosen tests did not all run under: " + ", ".join(unrun)
         if note:
@@ -379,8 +438,11 @@ def tree_writes(root: str, since: float, allowed: list[str]) -> list[str]:
         rel = os.path.relpath(dirpath, root)
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         if rel == ".":
-            dirnames[:] = [d for d in dirnames if d not in OTHER_TOOLS
-                           and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))]
+            dirnames[:] = [
+                d
+                for d in dirnames
+                if d not in OTHER_TOOLS and not os.path.exists(os.path.join(dirpath, d, "pyvenv.cfg"))
+            ]
         for f in filenames:
             path = os.path.join(dirpath, f)
             name = os.path.normpath(os.path.join(rel, f))
@@ -401,8 +463,11 @@ def write_summary(run: str, out: str, final: bool) -> int:
     by_step = {s["step"]: s for s in steps}
     ran = [s["step"] for s in steps]
     summary = {
-        "kit": "scripts/gpu_check.sh", "mode": meta.get("mode"), "started": meta.get("started"),
-        "budget_total_s": meta.get("total"), "only": meta.get("only"),
+        "kit": "scripts/gpu_check.sh",
+        "mode": meta.get("mode"),
+        "started": meta.get("started"),
+        "budget_total_s": meta.get("total"),
+        "only": meta.get("only"),
         "steps": steps,
         "not_run": [s for s in meta.get("all_steps", []) if s not in ran],
     }
@@ -426,8 +491,11 @@ def write_summary(run: str, out: str, final: bool) -> int:
                 problems.append(f"step {s}: no record")
             elif not by_step[s].get("result"):
                 problems.append(f"step {s}: no result")
-        writes = tree_writes(meta.get("root", "."), meta.get("started_epoch", time.time()),
-                             BUILD_OUTPUTS if "build" in ran else [])
+        writes = tree_writes(
+            meta.get("root", "."),
+            meta.get("started_epoch", time.time()),
+            BUILD_OUTPUTS if "build" in ran else [],
+        )
         summary["tree_writes"] = writes
         problems += [f"written in the tree: {w}" for w in writes[:20]]
     started = [s for s in ran if not by_step[s]["status"].startswith("skipped")]
@@ -443,8 +511,12 @@ def write_summary(run: str, out: str, final: bool) -> int:
         summary["out_check"] = {"ok": not out_problems, "problems": out_problems, "files": files}
         all_problems = problems + out_problems
         summary["kit_problems"] = all_problems
-        summary["ok"] = not failed and not all_problems and bool(steps) and \
-            by_step.get("report", {}).get("status", "ok") == "ok"
+        summary["ok"] = (
+            not failed
+            and not all_problems
+            and bool(steps)
+            and by_step.get("report", {}).get("status", "ok") == "ok"
+        )
         with open(os.path.join(out, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
     for p in problems + summary["out_check"]["problems"]:
@@ -453,8 +525,13 @@ def write_summary(run: str, out: str, final: bool) -> int:
 
 
 def record(run, out, step, status, seconds, budget, final=False) -> int:
-    entry = {"step": step, "status": status, "seconds": int(seconds), "budget": int(budget),
-             "result": step_result(run, out, step)}
+    entry = {
+        "step": step,
+        "status": status,
+        "seconds": int(seconds),
+        "budget": int(budget),
+        "result": step_result(run, out, step),
+    }
     with open(os.path.join(run, "steps.jsonl"), "a") as f:
         f.write(json.dumps(entry) + "\n")
     pack_logs(os.path.join(run, "logs"), os.path.join(out, "logs.tar.gz"))
@@ -494,15 +571,19 @@ def collected(junit: str, node_ids: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[1] == "collected":
         missing = collected(argv[2], argv[3:])
-        print("\n".join(f"not collected: {m}" for m in missing) or
-              f"{len(argv) - 3} of {len(argv) - 3} tests collected by that run")
+        print(
+            "\n".join(f"not collected: {m}" for m in missing)
+            or f"{len(argv) - 3} of {len(argv) - 3} tests collected by that run"
+        )
         return 1 if missing else 0
     if len(argv) >= 8 and argv[1] == "record":
         return record(*argv[2:8], final="--final" in argv[8:])
     if len(argv) == 4 and argv[1] == "judge":
         return judge(argv[2], argv[3])
-    print("usage: gpu_report.py record RUN OUT STEP STATUS SECONDS BUDGET [--final] | judge RUN OUT",
-          file=sys.stderr)
+    print(
+        "usage: gpu_report.py record RUN OUT STEP STATUS SECONDS BUDGET [--final] | judge RUN OUT",
+        file=sys.stderr,
+    )
     return 2
 
 

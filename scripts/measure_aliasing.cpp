@@ -29,7 +29,8 @@ std::vector<PairLayout> pairs_in_order(int n, const char* order) {
   for (int i = 0; i < n; ++i) {
     const int64_t device = (int64_t{1} << 40) + slot[i] * kBlocks * kBytes;
     const int64_t host = (int64_t{1} << 44) + slot[(i * 7) % n] * kBlocks * kBytes;
-    pairs.push_back(PairLayout{CacheLayout{device, kBytes, kBlocks}, CacheLayout{host, kBytes, kBlocks}, kBytes});
+    pairs.push_back(
+        PairLayout{CacheLayout{device, kBytes, kBlocks}, CacheLayout{host, kBytes, kBlocks}, kBytes});
   }
   return pairs;
 }
@@ -57,20 +58,26 @@ int main() {
     for (int k = 1; k < 3; ++k) {
       for (auto& p : sets[k]) p.dst.base += 4096 * k;  // other layouts, still disjoint
     }
-    const double base = ns_per_call([&] {
-      int64_t s = 0;
-      for (const auto& p : pairs) s += p.src.base ^ p.dst.base ^ p.block_bytes;
-      sink = sink + s;
-    }, 200000);
-    const double repeat = ns_per_call([&] { kvswap::core::check_cross_pair_aliasing(sid, did, 1, pairs); }, 200000);
+    const double base = ns_per_call(
+        [&] {
+          int64_t s = 0;
+          for (const auto& p : pairs) s += p.src.base ^ p.dst.base ^ p.block_bytes;
+          sink = sink + s;
+        },
+        200000);
+    const double repeat =
+        ns_per_call([&] { kvswap::core::check_cross_pair_aliasing(sid, did, 1, pairs); }, 200000);
     int next = 0;
-    const double fresh = ns_per_call([&] {
-      kvswap::core::check_cross_pair_aliasing(sid, did, 1, sets[next]);
-      next = (next + 1) % 3;
-    }, 100000);
-    std::printf("{\"pairs\": 64, \"order\": \"%s\", \"repeat_ns\": %.1f, \"new_ns\": %.1f, "
-                "\"baseline_ns\": %.1f, \"repeat_ratio\": %.1f, \"new_ratio\": %.1f}\n",
-                order, repeat, fresh, base, repeat / base, fresh / base);
+    const double fresh = ns_per_call(
+        [&] {
+          kvswap::core::check_cross_pair_aliasing(sid, did, 1, sets[next]);
+          next = (next + 1) % 3;
+        },
+        100000);
+    std::printf(
+        "{\"pairs\": 64, \"order\": \"%s\", \"repeat_ns\": %.1f, \"new_ns\": %.1f, "
+        "\"baseline_ns\": %.1f, \"repeat_ratio\": %.1f, \"new_ratio\": %.1f}\n",
+        order, repeat, fresh, base, repeat / base, fresh / base);
   }
   return 0;
 }

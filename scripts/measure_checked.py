@@ -51,8 +51,7 @@ def pointer_op(repeats: int, shuffled: bool) -> tuple[float, float]:
     n, block = 4096, 2048
     cache = torch.empty(2 * n, block, dtype=torch.uint8)
     mirror = torch.empty(2 * n, block, dtype=torch.uint8)
-    regions = [torch_kvswap.register_region(cache, side="device"),
-               torch_kvswap.register_region(mirror)]
+    regions = [torch_kvswap.register_region(cache, side="device"), torch_kvswap.register_region(mirror)]
     rng = np.random.default_rng(0)
     sid = rng.permutation(2 * n)[:n] if shuffled else np.arange(n)
     did = rng.permutation(2 * n)[:n] if shuffled else np.arange(n)
@@ -61,7 +60,10 @@ def pointer_op(repeats: int, shuffled: bool) -> tuple[float, float]:
     sizes = torch.full((n,), block, dtype=torch.int64)
     plan = torch.ops.kvswap._plan_swap_blocks_batch.default
     d2h = int(Direction.DEVICE_TO_HOST)
-    call = lambda: plan(src, dst, sizes, d2h)  # noqa: E731
+
+    def call():
+        return plan(src, dst, sizes, d2h)
+
     out = paired(call, call, repeats, 200)
     for r in regions:
         r.unregister()
@@ -85,6 +87,7 @@ def offloader_cycle(repeats: int) -> tuple[float, float]:
             off.load(job[0] + 1, ids, ids)
             off.wait({job[0] + 1})
             off.get_finished()
+
         return run
 
     out = paired(cycle(plain), cycle(tracked), repeats, 5)
@@ -103,8 +106,7 @@ def main() -> None:
         ("pointer op, 4,096 descriptors, in order", pointer_op(args.repeats, False)),
         ("offloader, 64 layers x 512 blocks, store+load cycle", offloader_cycle(args.repeats)),
     ]:
-        print(f"{name}: unchecked {off * 1e6:.1f} us, checked {on * 1e6:.1f} us, "
-              f"ratio {on / off:.2f}")
+        print(f"{name}: unchecked {off * 1e6:.1f} us, checked {on * 1e6:.1f} us, ratio {on / off:.2f}")
 
 
 if __name__ == "__main__":

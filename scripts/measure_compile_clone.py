@@ -43,8 +43,10 @@ def main() -> None:
     sid, did = torch.tensor([3]), torch.tensor([100])
     key = DispatchKey.CompositeExplicitAutograd
     hooked = auto_functionalized_v2.py_kernels[key]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; one {BLOCK}-byte block "
-          f"into a {CACHE_MIB} MiB host cache per call; median of 200 calls")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; one {BLOCK}-byte block "
+        f"into a {CACHE_MIB} MiB host cache per call; median of 200 calls"
+    )
     print(f"eager: {per_call_us(step, src, dst, sid, did):.1f} us")
     for backend, in_place in [("aot_eager", True), ("aot_eager", False), ("inductor", True)]:
         torch._dynamo.reset()
@@ -52,8 +54,11 @@ def main() -> None:
         auto_functionalized_v2._dispatch_cache.clear()
         try:
             compiled = torch.compile(step, backend=backend, fullgraph=True)
-            label = backend if backend == "inductor" else (
-                f"{backend}, {'in place (torch_kvswap hook)' if in_place else 'torch default: clone'}")
+            label = (
+                backend
+                if backend == "inductor"
+                else (f"{backend}, {'in place (torch_kvswap hook)' if in_place else 'torch default: clone'}")
+            )
             print(f"{label}: {per_call_us(compiled, src, dst, sid, did):.1f} us")
         finally:
             auto_functionalized_v2.py_kernels[key] = hooked

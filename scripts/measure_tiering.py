@@ -61,8 +61,10 @@ def main(argv=None) -> int:
     read = "vllm:kv_offload_tiering_read_bytes" + tt.TIER
     written = "vllm:kv_offload_tiering_write_bytes" + tt.TIER
     warm = [(5 * i + 1) % 1000 + 3 for i in range(prefix_blocks * t.BLOCK + 5)]
-    prompts = [[(13 * i + 17 * r + 29) % 1000 + 3 for i in range(prefix_blocks * t.BLOCK + 5)]
-               for r in range(args.rounds)]
+    prompts = [
+        [(13 * i + 17 * r + 29) % 1000 + 3 for i in range(prefix_blocks * t.BLOCK + 5)]
+        for r in range(args.rounds)
+    ]
     llm = None
 
     def ttft(tokens, want_cached):
@@ -114,19 +116,25 @@ def main(argv=None) -> int:
         t.close(llm)
     base = statistics.median(times["recomputed"])
     low = min(times["recomputed"])
-    print(f"vLLM fs tier under KVSwapTieringOffloadingSpec, {prefix_blocks}-block prefix "
-          f"({prefix_blocks * t.BLOCK} tokens, {prefix_blocks * row} bytes of KV), "
-          f"{args.rounds} rounds, time to first token, median and minimum:")
+    print(
+        f"vLLM fs tier under KVSwapTieringOffloadingSpec, {prefix_blocks}-block prefix "
+        f"({prefix_blocks * t.BLOCK} tokens, {prefix_blocks * row} bytes of KV), "
+        f"{args.rounds} rounds, time to first token, median and minimum:"
+    )
     for name, ts in times.items():
         med, least = statistics.median(ts), min(ts)
-        print(f"  {name:10s} median {med * 1e3:8.2f} ms ({med / base:.2f}x recomputed)  "
-              f"minimum {least * 1e3:8.2f} ms ({least / low:.2f}x)  "
-              f"[{', '.join(f'{x * 1e3:.0f}' for x in ts)}]")
+        print(
+            f"  {name:10s} median {med * 1e3:8.2f} ms ({med / base:.2f}x recomputed)  "
+            f"minimum {least * 1e3:8.2f} ms ({least / low:.2f}x)  "
+            f"[{', '.join(f'{x * 1e3:.0f}' for x in ts)}]"
+        )
     if loads["bytes"] != m.get(read, 0):
         raise SystemExit(f"timed {loads['bytes']} bytes of promotion reads, vLLM counts {m.get(read)}")
-    print(f"  promotion from disk: {loads['bytes'] / loads['seconds'] / 1e6:.1f} MB/s "
-          f"({loads['bytes']} bytes in {loads['seconds'] * 1e3:.2f} ms of vLLM's batch_load_block, "
-          f"{args.rounds} jobs of {prefix_blocks} files)")
+    print(
+        f"  promotion from disk: {loads['bytes'] / loads['seconds'] / 1e6:.1f} MB/s "
+        f"({loads['bytes']} bytes in {loads['seconds'] * 1e3:.2f} ms of vLLM's batch_load_block, "
+        f"{args.rounds} jobs of {prefix_blocks} files)"
+    )
     print("  vLLM's metrics:", {k: v for k, v in sorted(m.items()) if "read" in k or "write" in k})
     return 0
 

@@ -43,12 +43,13 @@ class Definition:
     def named(self, where: str) -> bool:
         sep = "::" if "::" in self.name or "::" in where else "."
         parts, wanted = self.name.split(sep), where.split(sep)
-        return parts[-len(wanted):] == wanted
+        return parts[-len(wanted) :] == wanted
 
 
 @dataclass(frozen=True)
 class Anchor:
     """A resolved mutant: the file to write, the span its snippet matched, the mutated text."""
+
     file: str
     start: int
     end: int
@@ -113,6 +114,7 @@ def _line_of(text: str, offset: int) -> int:
 
 # --- Python ------------------------------------------------------------------
 
+
 def python_definitions(rel: str, text: str) -> list[Definition]:
     try:
         tree = ast.parse(text)
@@ -128,8 +130,16 @@ def python_definitions(rel: str, text: str) -> list[Definition]:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 name = prefix + child.name
                 first = min([child.lineno] + [d.lineno for d in child.decorator_list])
-                out.append(Definition(name, rel, starts[first - 1], starts[child.end_lineno],
-                                      child.lineno, isinstance(node, ast.ClassDef)))
+                out.append(
+                    Definition(
+                        name,
+                        rel,
+                        starts[first - 1],
+                        starts[child.end_lineno],
+                        child.lineno,
+                        isinstance(node, ast.ClassDef),
+                    )
+                )
                 visit(child, name + ".")
             elif not isinstance(child, ast.expr):
                 visit(child, prefix)
@@ -140,9 +150,30 @@ def python_definitions(rel: str, text: str) -> list[Definition]:
 
 # --- C++ ---------------------------------------------------------------------
 
-_NOT_A_NAME = {"if", "for", "while", "switch", "catch", "return", "sizeof", "alignof", "alignas",
-               "decltype", "noexcept", "throw", "static_assert", "__attribute__", "__declspec",
-               "requires", "void", "int", "char", "bool", "auto", "__launch_bounds__"}
+_NOT_A_NAME = {
+    "if",
+    "for",
+    "while",
+    "switch",
+    "catch",
+    "return",
+    "sizeof",
+    "alignof",
+    "alignas",
+    "decltype",
+    "noexcept",
+    "throw",
+    "static_assert",
+    "__attribute__",
+    "__declspec",
+    "requires",
+    "void",
+    "int",
+    "char",
+    "bool",
+    "auto",
+    "__launch_bounds__",
+}
 
 
 _RAW = re.compile(r'"([^()\\\s]{0,16})\(')  # a raw string's opening: R"delim(
@@ -227,7 +258,7 @@ def _function_name(head: str) -> tuple[str, bool] | None:
     for m in re.finditer(r"[()<>]", head):
         c = m.group(0)
         if c in "<>" and depth == 0:
-            if not head[:m.start()].rstrip().rstrip("<>=").endswith("operator"):
+            if not head[: m.start()].rstrip().rstrip("<>=").endswith("operator"):
                 angle += 1 if c == "<" else -1
             continue
         if c == ")":
@@ -236,12 +267,13 @@ def _function_name(head: str) -> tuple[str, bool] | None:
         if c != "(" or depth or angle > 0:
             depth += c == "("
             continue
-        name = re.search(r"(~?[A-Za-z_]\w*(?:\s*::\s*~?[A-Za-z_]\w*)*|operator\s*\S+?)\s*$",
-                         head[:m.start()])
+        name = re.search(
+            r"(~?[A-Za-z_]\w*(?:\s*::\s*~?[A-Za-z_]\w*)*|operator\s*\S+?)\s*$", head[: m.start()]
+        )
         depth += 1
         if not name or name.group(1).split("::")[-1].strip() in _NOT_A_NAME:
             continue
-        rest = head[_matching(head, m.start(), "(", ")"):]
+        rest = head[_matching(head, m.start(), "(", ")") :]
         return re.sub(r"\s+", "", name.group(1)), bool(re.search(r"(?<!:):(?!:)", rest))
     return None
 
@@ -292,8 +324,11 @@ def cpp_definitions(rel: str, text: str) -> list[Definition]:
                 start = head + len(masked[head:i]) - len(masked[head:i].lstrip())
                 qualified = prefix + name if name else prefix.rstrip(":") if prefix else ""
                 if kind in ("function", "class") and name:
-                    out.append(Definition(qualified, rel, start, close, _line_of(text, start),
-                                          in_class or "::" in name))
+                    out.append(
+                        Definition(
+                            qualified, rel, start, close, _line_of(text, start), in_class or "::" in name
+                        )
+                    )
                 if kind in ("namespace", "class"):
                     scope(i + 1, close - 1, (qualified + "::") if qualified else "", kind == "class")
                 head = i = close
@@ -308,22 +343,25 @@ def cpp_definitions(rel: str, text: str) -> list[Definition]:
 
 # --- matching a snippet ----------------------------------------------------------
 
+
 def _loose(find: str) -> re.Pattern:
     return re.compile(r"\s+".join(re.escape(word) for word in find.split()))
 
 
-def matches(text: str, start: int, end: int, find: str, python: bool = False
-            ) -> tuple[list[tuple[int, int]], bool]:
+def matches(
+    text: str, start: int, end: int, find: str, python: bool = False
+) -> tuple[list[tuple[int, int]], bool]:
     """The spans of `find` in text[start:end]: as written if it is there, else
     whitespace-insensitive (its leading and trailing whitespace left out).
     In Python, a `find` that starts with indentation matches only at a line's
     indentation, so that a deeper-indented line is re-indented, not cut."""
+
     def kept(i: int, exact: bool) -> bool:
         if not (python and find[:1].isspace()):
             return True
         if exact and find[:1] in " \t":
             return i == 0 or text[i - 1] == "\n"
-        return not text[text.rfind("\n", 0, i) + 1:i].strip()
+        return not text[text.rfind("\n", 0, i) + 1 : i].strip()
 
     exact, i = [], text.find(find, start, end)
     while i >= 0 and find:
@@ -343,12 +381,12 @@ def _indent(line: str) -> int:
 def loose_replacement(text: str, span: tuple[int, int], find: str, replace: str, python: bool) -> str:
     """`replace` for a whitespace-insensitive match: the whitespace around `find`
     dropped from it, and for Python re-indented like the matched text."""
-    lead, trail = find[:len(find) - len(find.lstrip())], find[len(find.rstrip()):]
-    core = replace[len(lead):] if replace.startswith(lead) else replace.lstrip()
-    core = core[:len(core) - len(trail)] if trail and core.endswith(trail) else core.rstrip()
+    lead, trail = find[: len(find) - len(find.lstrip())], find[len(find.rstrip()) :]
+    core = replace[len(lead) :] if replace.startswith(lead) else replace.lstrip()
+    core = core[: len(core) - len(trail)] if trail and core.endswith(trail) else core.rstrip()
     if not python:
         return core
-    found, written = text[span[0]:span[1]].split("\n"), find.strip().split("\n")
+    found, written = text[span[0] : span[1]].split("\n"), find.strip().split("\n")
     if len(found) > 1 and len(written) > 1:
         shift = _indent(found[1]) - _indent(written[1])
     else:
@@ -357,20 +395,23 @@ def loose_replacement(text: str, span: tuple[int, int], find: str, replace: str,
     lines = core.split("\n")
     for k in range(1, len(lines)):
         if lines[k].strip():
-            lines[k] = " " * shift + lines[k] if shift >= 0 else lines[k][min(-shift, _indent(lines[k])):]
+            lines[k] = " " * shift + lines[k] if shift >= 0 else lines[k][min(-shift, _indent(lines[k])) :]
     return "\n".join(lines)
 
 
-def _apply(tree: Tree, rel: str, span: tuple[int, int], exact: bool, find: str, replace: str,
-           definition: str | None) -> Anchor:
+def _apply(
+    tree: Tree, rel: str, span: tuple[int, int], exact: bool, find: str, replace: str, definition: str | None
+) -> Anchor:
     text = tree.text(rel)
     new = replace if exact else loose_replacement(text, span, find, replace, rel.endswith(PY_SUFFIXES))
-    return Anchor(rel, span[0], span[1], _line_of(text, span[0]),
-                  text[:span[0]] + new + text[span[1]:], definition)
+    return Anchor(
+        rel, span[0], span[1], _line_of(text, span[0]), text[: span[0]] + new + text[span[1] :], definition
+    )
 
 
-def resolve(tree: Tree, file: str, where: str | None, find: str, replace: str,
-            search_only: bool = False) -> Anchor | str:
+def resolve(
+    tree: Tree, file: str, where: str | None, find: str, replace: str, search_only: bool = False
+) -> Anchor | str:
     """Where the mutant applies, or why it cannot (a sentence naming the problem).
     With search_only, `file` is not looked at first (as if it had been renamed)."""
     if not where or where == MODULE:
@@ -379,8 +420,10 @@ def resolve(tree: Tree, file: str, where: str | None, find: str, replace: str,
             return f"{file} does not exist"
         spans, exact = matches(text, 0, len(text), find, file.endswith(PY_SUFFIXES))
         if len(spans) != 1:
-            return (f"its find snippet occurs {len(spans)} times in {file} (must be exactly once); "
-                    "update the mutant")
+            return (
+                f"its find snippet occurs {len(spans)} times in {file} (must be exactly once); "
+                "update the mutant"
+            )
         return _apply(tree, file, spans[0], exact, find, replace, None)
     suffixes = family(file)
     if suffixes is None:
@@ -390,8 +433,10 @@ def resolve(tree: Tree, file: str, where: str | None, find: str, replace: str,
         candidates = [d for f in tree.files(suffixes) for d in tree.definitions(f) if d.named(where)]
     if not candidates:
         gone = " (which does not exist)" if tree.text(file) is None else ""
-        return (f"where={where!r}: no such definition in {file}{gone}, nor in any other "
-                f"{'/'.join(suffixes)} file of the tree; update the mutant")
+        return (
+            f"where={where!r}: no such definition in {file}{gone}, nor in any other "
+            f"{'/'.join(suffixes)} file of the tree; update the mutant"
+        )
     places = ", ".join(f"{d.name} at {d.file}:{d.line}" for d in candidates)
     for exact_only in (True, False):
         found = {}
@@ -403,8 +448,10 @@ def resolve(tree: Tree, file: str, where: str | None, find: str, replace: str,
         if found:
             break
     if len(found) != 1:
-        return (f"where={where!r}: its find snippet occurs {len(found)} times in {places} "
-                "(must be exactly once); update the mutant")
+        return (
+            f"where={where!r}: its find snippet occurs {len(found)} times in {places} "
+            "(must be exactly once); update the mutant"
+        )
     (rel, span), (d, exact) = next(iter(found.items()))
     return _apply(tree, rel, span, exact, find, replace, d.name)
 
@@ -434,7 +481,6 @@ def anchor_name(tree: Tree, file: str, find: str, replace: str, anchor: Anchor) 
     return None
 
 
-
 def insert_where(source: str, names: dict[str, str]) -> tuple[str, list[str]]:
     """The text of a mutant file with ``where="..."`` written into the
     ``dict(...)`` of each mutant named in `names` that has no ``where`` yet:
@@ -452,13 +498,14 @@ def insert_where(source: str, names: dict[str, str]) -> tuple[str, list[str]]:
         name = name.value.value if name and isinstance(name.value, ast.Constant) else None
         if name not in names or "where" in kw or "file" not in kw:
             continue
-        following = [k for k in call.keywords if (k.lineno, k.col_offset) > (kw["file"].lineno,
-                                                                          kw["file"].col_offset)]
+        following = [
+            k for k in call.keywords if (k.lineno, k.col_offset) > (kw["file"].lineno, kw["file"].col_offset)
+        ]
         if not following:
             continue
         nxt = following[0]
         row = nxt.lineno - 1
-        prefix = lines[row].encode()[:nxt.col_offset].decode()  # col_offset counts UTF-8 bytes
+        prefix = lines[row].encode()[: nxt.col_offset].decode()  # col_offset counts UTF-8 bytes
         if nxt.lineno > kw["file"].end_lineno and not prefix.strip():
             edits.append((row, 0, f'{prefix}where="{names[name]}",\n'))
         else:

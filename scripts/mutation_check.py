@@ -143,15 +143,29 @@ def load_mutants(directory: Path = MUTANTS_DIR) -> tuple[list[Mutant], list[str]
                 continue
             conformance = entry.get("conformance")
             if conformance is not None and not (
-                    isinstance(conformance, dict) and set(conformance) == {"release", "tests"}
-                    and isinstance(conformance["release"], str) and isinstance(conformance["tests"], list)
-                    and conformance["tests"] and all(isinstance(t, str) for t in conformance["tests"])):
+                isinstance(conformance, dict)
+                and set(conformance) == {"release", "tests"}
+                and isinstance(conformance["release"], str)
+                and isinstance(conformance["tests"], list)
+                and conformance["tests"]
+                and all(isinstance(t, str) for t in conformance["tests"])
+            ):
                 problems.append(f"{where} ({name}): conformance must be dict(release=str, tests=[str, ...])")
                 continue
-            mutants.append(Mutant(name=name, file=entry["file"], find=entry["find"],
-                                  replace=entry["replace"], tests=list(tests), why=entry["why"],
-                                  source=path.name, timeout=entry.get("timeout"),
-                                  where=entry.get("where"), conformance=conformance))
+            mutants.append(
+                Mutant(
+                    name=name,
+                    file=entry["file"],
+                    find=entry["find"],
+                    replace=entry["replace"],
+                    tests=list(tests),
+                    why=entry["why"],
+                    source=path.name,
+                    timeout=entry.get("timeout"),
+                    where=entry.get("where"),
+                    conformance=conformance,
+                )
+            )
     return mutants, problems
 
 
@@ -164,8 +178,11 @@ def check_against_tree(mutants: list[Mutant], tree: Path) -> list[str]:
         got = m.resolve(files)
         if isinstance(got, str):
             problems.append(f"{m.name}: {got}")
-        elif got.file.endswith(anchors.PY_SUFFIXES) and not _parses(got.mutated) \
-                and _parses(files.text(got.file)):
+        elif (
+            got.file.endswith(anchors.PY_SUFFIXES)
+            and not _parses(got.mutated)
+            and _parses(files.text(got.file))
+        ):
             problems.append(f"{m.name}: the mutated {got} is not valid Python")
         if m.find == m.replace:
             problems.append(f"{m.name}: replace is the same as find")
@@ -207,16 +224,22 @@ def add_anchors(directory: Path = MUTANTS_DIR, tree: Path = ROOT) -> list[str]:
         text, missed = anchors.insert_where(path.read_text(), names)
         if names:
             path.write_text(text)
-        report.append(f"{source}: {len(names) - len(missed)} anchored, {len(left)} left to their file"
-                      + (f" ({', '.join(left)})" if left else "")
-                      + (f"; stale, not converted: {'; '.join(stale)}" if stale else "")
-                      + (f"; not found in the text: {', '.join(missed)}" if missed else ""))
+        report.append(
+            f"{source}: {len(names) - len(missed)} anchored, {len(left)} left to their file"
+            + (f" ({', '.join(left)})" if left else "")
+            + (f"; stale, not converted: {'; '.join(stale)}" if stale else "")
+            + (f"; not found in the text: {', '.join(missed)}" if missed else "")
+        )
     return report
 
 
 def tree_files(root: Path) -> list[str]:
-    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         cwd=root, check=True, capture_output=True).stdout.decode()
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
     return sorted({f for f in out.split("\0") if f and (root / f).is_file()})
 
 
@@ -244,8 +267,16 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple
     """Runs cmd in its own process group; returns (exit code, or "timeout"),
     and its output. On a timeout the whole group is killed (pytest and the
     children it forked)."""
-    with subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace", start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    ) as proc:
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -277,8 +308,7 @@ def preload() -> None:
     import torch  # noqa: F401
 
 
-def run_pytest(tests: list[str], cwd: Path, env: dict[str, str],
-               timeout: float) -> tuple[int | str, str]:
+def run_pytest(tests: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int | str, str]:
     """`pytest -x -q tests` as run() would run it in a subprocess (cwd, env,
     its import path, its own process group, killed with its children on a
     timeout), but in a child forked from this process (see preload);
@@ -302,8 +332,9 @@ def run_pytest(tests: list[str], cwd: Path, env: dict[str, str],
                 os.environ.update(env)
                 sys.argv = ["pytest"]
                 sys.dont_write_bytecode = env.get("PYTHONDONTWRITEBYTECODE") == "1"
-                sys.path[:] = ([str(cwd)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-                               + _BASE_PATH)
+                sys.path[:] = (
+                    [str(cwd)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + _BASE_PATH
+                )
                 # Only what is installed stays imported (torch, numpy, the
                 # standard library): this harness's modules are the real
                 # tree's, and the tests import the copy's.
@@ -314,6 +345,7 @@ def run_pytest(tests: list[str], cwd: Path, env: dict[str, str],
                         del sys.modules[name]
                 importlib.invalidate_caches()
                 import pytest
+
                 code = int(pytest.main(pytest_args(tests)))
             except BaseException:  # noqa: BLE001 - the child must reach _exit
                 traceback.print_exc()
@@ -394,15 +426,17 @@ def prepare_extension(work: Path, env: dict[str, str], need_build: bool) -> None
 
 
 def check_copy_is_imported(work: Path, env: dict[str, str]) -> None:
-    code, out = run([sys.executable, "-c", "import torch_kvswap; print(torch_kvswap.__file__)"],
-                    work, env, 300)
+    code, out = run(
+        [sys.executable, "-c", "import torch_kvswap; print(torch_kvswap.__file__)"], work, env, 300
+    )
     lines = out.strip().splitlines()
     if code != 0 or not lines or not Path(lines[-1]).resolve().is_relative_to(work.resolve()):
         raise SystemExit(f"[mutation] the tests would not import the work copy of torch_kvswap:\n{out}")
 
 
-def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float,
-               tests: list[str] | None = None) -> Result:
+def run_mutant(
+    m: Mutant, work: Path, env: dict[str, str], timeout: float, tests: list[str] | None = None
+) -> Result:
     """Applies `m` to the copy in `work`, runs its tests (or `tests`), puts the file back."""
     anchor = m.resolve(anchors.Tree(work))
     started = time.monotonic()
@@ -415,8 +449,14 @@ def run_mutant(m: Mutant, work: Path, env: dict[str, str], timeout: float,
         if m.needs_build:
             ok, out = build(work, env)
             if not ok:
-                return Result(m, "build-failed", "the mutant does not compile; fix the mutant",
-                              time.monotonic() - started, out, str(anchor))
+                return Result(
+                    m,
+                    "build-failed",
+                    "the mutant does not compile; fix the mutant",
+                    time.monotonic() - started,
+                    out,
+                    str(anchor),
+                )
         limit = m.timeout or timeout
         code, out = run_pytest(tests or m.tests, work, env, limit)
         status, detail = verdict(code, out, limit)
@@ -429,29 +469,46 @@ def markdown(results: list[Result]) -> str:
     lines = ["| mutant | file | what it breaks | killed by | s |", "|---|---|---|---|---|"]
     for r in results:
         detail = r.detail if r.status == "killed" else f"**{r.status}**: {r.detail}"
-        lines.append(f"| `{r.mutant.name}` | `{r.mutant.file}` | {r.mutant.why} | `{detail}` | "
-                     f"{r.seconds:.0f} |")
+        lines.append(
+            f"| `{r.mutant.name}` | `{r.mutant.file}` | {r.mutant.why} | `{detail}` | {r.seconds:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help="run only this mutant (repeatable, or comma-separated)")
-    p.add_argument("--fast", action="store_true",
-                   help="only the mutants of Python files (no rebuild): the CI subset")
-    p.add_argument("--list", action="store_true",
-                   help="list the mutants, with where each applies in the tree, and exit")
-    p.add_argument("--add-anchors", action="store_true",
-                   help="write where= into every mutant that has none and lies in a definition, "
-                        "then exit")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only this mutant (repeatable, or comma-separated)",
+    )
+    p.add_argument(
+        "--fast", action="store_true", help="only the mutants of Python files (no rebuild): the CI subset"
+    )
+    p.add_argument(
+        "--list", action="store_true", help="list the mutants, with where each applies in the tree, and exit"
+    )
+    p.add_argument(
+        "--add-anchors",
+        action="store_true",
+        help="write where= into every mutant that has none and lies in a definition, then exit",
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests")
-    p.add_argument("--workdir", type=Path,
-                   help="where the copy lives (kept between runs for incremental builds; default "
-                        "build/mutation-tree, build/conformance-mutants with --conformance)")
-    p.add_argument("--conformance", type=Path, metavar="DIR",
-                   help="run the mutants that name a conformance release, each on DIR/<release> "
-                        "(vLLM's Python files) with this Python; see the module's docstring")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help="where the copy lives (kept between runs for incremental builds; default "
+        "build/mutation-tree, build/conformance-mutants with --conformance)",
+    )
+    p.add_argument(
+        "--conformance",
+        type=Path,
+        metavar="DIR",
+        help="run the mutants that name a conformance release, each on DIR/<release> "
+        "(vLLM's Python files) with this Python; see the module's docstring",
+    )
     p.add_argument("--markdown", type=Path, help="also write the results as a markdown table here")
     return p.parse_args(argv)
 
@@ -487,8 +544,10 @@ def main(argv=None) -> int:
     if args.conformance:
         return conformance_check(args, [m for m in selected if m.conformance], started)
     work = (args.workdir or ROOT / "build" / "mutation-tree").resolve()
-    print(f"[mutation] {len(selected)} mutants from {MUTANTS_DIR.relative_to(ROOT)}/; copy in {work}",
-          flush=True)
+    print(
+        f"[mutation] {len(selected)} mutants from {MUTANTS_DIR.relative_to(ROOT)}/; copy in {work}",
+        flush=True,
+    )
     sync_tree(ROOT, work)
     env = test_env(work)
     need_build = any(m.needs_build for m in selected)
@@ -511,9 +570,12 @@ def main(argv=None) -> int:
     for i, m in enumerate(order, 1):
         r = run_mutant(m, work, env, args.timeout)
         results.append(r)
-        print(f"[{i}/{len(order)}] {r.status:<12} {m.name}  ({r.seconds:.1f} s)\n"
-              f"    at: {r.at}\n    breaks: {m.why}\n    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
-              flush=True)
+        print(
+            f"[{i}/{len(order)}] {r.status:<12} {m.name}  ({r.seconds:.1f} s)\n"
+            f"    at: {r.at}\n    breaks: {m.why}\n"
+            f"    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
+            flush=True,
+        )
         if r.status in ("build-failed", "error"):
             print("    " + "\n    ".join(r.log[-3000:].splitlines()))
     if need_build:
@@ -522,15 +584,18 @@ def main(argv=None) -> int:
 
     bad = [r for r in results if r.status != "killed"]
     total = time.monotonic() - started
-    print(f"\n[mutation] {len(results) - len(bad)} of {len(results)} mutants killed, "
-          f"{sum(r.status == 'survived' for r in results)} survived, "
-          f"{sum(r.status in ('build-failed', 'error') for r in results)} could not be judged; "
-          f"{total:.0f} s ({total / 60:.1f} min)")
+    print(
+        f"\n[mutation] {len(results) - len(bad)} of {len(results)} mutants killed, "
+        f"{sum(r.status == 'survived' for r in results)} survived, "
+        f"{sum(r.status in ('build-failed', 'error') for r in results)} could not be judged; "
+        f"{total:.0f} s ({total / 60:.1f} min)"
+    )
     for r in bad:
         print(f"    {r.status}: {r.mutant.name} ({r.mutant.file}): {r.mutant.why}")
     if args.markdown:
-        args.markdown.write_text(markdown(results) + f"\n{len(results) - len(bad)} of {len(results)} "
-                                 f"killed in {total:.0f} s.\n")
+        args.markdown.write_text(
+            markdown(results) + f"\n{len(results) - len(bad)} of {len(results)} killed in {total:.0f} s.\n"
+        )
     return 1 if bad else 0
 
 
@@ -543,8 +608,13 @@ def conformance_check(args: argparse.Namespace, selected: list[Mutant], started:
         print("[mutation] no selected mutant names a conformance release")
         return 2
     cache = args.conformance.resolve()
-    missing = sorted({m.conformance["release"] for m in selected
-                      if not (cache / m.conformance["release"] / "vllm").is_dir()})
+    missing = sorted(
+        {
+            m.conformance["release"]
+            for m in selected
+            if not (cache / m.conformance["release"] / "vllm").is_dir()
+        }
+    )
     if missing:
         print(f"[mutation] no vLLM files for {missing} under {cache} (scripts/test_vllm.sh installs them)")
         return 2
@@ -557,18 +627,24 @@ def conformance_check(args: argparse.Namespace, selected: list[Mutant], started:
     results = []
     for i, m in enumerate(selected, 1):
         release = m.conformance["release"]
-        menv = dict(env, KVSWAP_REQUIRE_VLLM="1",
-                    PYTHONPATH=os.pathsep.join([str(work), str(cache / release)]))
+        menv = dict(
+            env, KVSWAP_REQUIRE_VLLM="1", PYTHONPATH=os.pathsep.join([str(work), str(cache / release)])
+        )
         r = run_mutant(m, work, menv, m.timeout or args.timeout, tests=m.conformance["tests"])
         results.append(r)
-        print(f"[{i}/{len(selected)}] {r.status:<12} {m.name} on {release}  ({r.seconds:.1f} s)\n"
-              f"    at: {r.at}\n    breaks: {m.why}\n"
-              f"    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}", flush=True)
+        print(
+            f"[{i}/{len(selected)}] {r.status:<12} {m.name} on {release}  ({r.seconds:.1f} s)\n"
+            f"    at: {r.at}\n    breaks: {m.why}\n"
+            f"    {'killed by' if r.status == 'killed' else 'result'}: {r.detail}",
+            flush=True,
+        )
         if r.status != "killed":
             print("    " + "\n    ".join(r.log[-3000:].splitlines()))
     bad = [r for r in results if r.status != "killed"]
-    print(f"[mutation] conformance: {len(results) - len(bad)} of {len(results)} mutants killed "
-          f"in {time.monotonic() - started:.0f} s")
+    print(
+        f"[mutation] conformance: {len(results) - len(bad)} of {len(results)} mutants killed "
+        f"in {time.monotonic() - started:.0f} s"
+    )
     return 1 if bad else 0
 
 

@@ -11,8 +11,9 @@ import torch
 import torch_kvswap
 
 here = Path.cwd().resolve()
-assert not (Path(torch_kvswap.__file__).resolve().parent.parent / "csrc").exists(), \
+assert not (Path(torch_kvswap.__file__).resolve().parent.parent / "csrc").exists(), (
     f"imported the source tree, not the installed package: {torch_kvswap.__file__}"
+)
 
 # swap_blocks: blocks 3, 0 of each source cache into blocks 1, 2 of each destination.
 gen = torch.Generator().manual_seed(0)

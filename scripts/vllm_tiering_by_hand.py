@@ -10,6 +10,7 @@ tokens, every block byte-exact); B's files flipped: every block of B must
 differ. Exits non-zero on any failure. Run from the repository root with
 the engine's venv: python scripts/vllm_tiering_by_hand.py
 """
+
 import shutil
 import sys
 import tempfile
@@ -42,8 +43,11 @@ try:
             if len(t.block_files(root)) >= n * t.FULL:
                 break
             tr.current = "filler"
-            llm.generate([{"prompt_token_ids": [5, 6, 7]}],
-                         t.SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+            llm.generate(
+                [{"prompt_token_ids": [5, 6, 7]}],
+                t.SamplingParams(max_tokens=1, detokenize=False),
+                use_tqdm=False,
+            )
             time.sleep(0.05)
         print(name, "files", len(t.block_files(root)))
     files = t.block_files(root)

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_build_shared():
-    spec = importlib.util.spec_from_file_location("torch_kvswap_build_shared",
-                                                  ROOT / "torch_kvswap" / "_build_shared.py")
+    spec = importlib.util.spec_from_file_location(
+        "torch_kvswap_build_shared", ROOT / "torch_kvswap" / "_build_shared.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

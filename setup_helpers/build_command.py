@@ -30,11 +30,17 @@ from .engines import FAKES_ENABLE, Engine
 #: minutes. More cores cut them; other work on the machine stretches them.
 ROUGH_MINUTES = {"host": (2, 5), "cuda": (1, 2), "npu": (1, 2), "fake_cuda": (1, 3)}
 
-LABELS = {"host": "host engine (_C)", "cuda": "CUDA engine (_C_cuda)", "npu": "Ascend engine (_C_npu)",
-          "fake_cuda": "test fake (_fake_cuda)"}
+LABELS = {
+    "host": "host engine (_C)",
+    "cuda": "CUDA engine (_C_cuda)",
+    "npu": "Ascend engine (_C_npu)",
+    "fake_cuda": "test fake (_fake_cuda)",
+}
 
 
-def plan_lines(torch_version: str, engines: list[Engine], selected: set[str], arch_list: str | None) -> list[str]:
+def plan_lines(
+    torch_version: str, engines: list[Engine], selected: set[str], arch_list: str | None
+) -> list[str]:
     """What the build is about to compile, each engine with a rough duration,
     printed before the compiler starts (the CUDA engine takes minutes per
     architecture). pip shows it with -v only."""
@@ -56,8 +62,11 @@ def plan_lines(torch_version: str, engines: list[Engine], selected: set[str], ar
         lines.append(f"  {what}: about {lo}-{hi} min")
         low, high = low + lo, high + hi
     cpus = os.cpu_count() or 1
-    return [f"torch_kvswap: building against torch {torch_version}; from scratch about {low}-{high} min on 2 "
-            f"CPUs (this machine has {cpus}), a rebuild compiles only what changed:", *lines]
+    return [
+        f"torch_kvswap: building against torch {torch_version}; from scratch about {low}-{high} min on 2 "
+        f"CPUs (this machine has {cpus}), a rebuild compiles only what changed:",
+        *lines,
+    ]
 
 
 def is_stale(target: Path, sources: list[str]) -> bool:
@@ -74,8 +83,18 @@ def fingerprint(ext, torch_version: str) -> str:
     """What an extension's build depends on besides its files: the torch it
     compiles against, its sources and every flag (ninja would recompile on a
     changed command line; a skipped extension must not miss one)."""
-    fields = [torch_version, os.environ.get("TORCH_CUDA_ARCH_LIST"), ext.sources, ext.depends, ext.include_dirs,
-              ext.define_macros, ext.extra_compile_args, ext.extra_link_args, ext.libraries, ext.library_dirs]
+    fields = [
+        torch_version,
+        os.environ.get("TORCH_CUDA_ARCH_LIST"),
+        ext.sources,
+        ext.depends,
+        ext.include_dirs,
+        ext.define_macros,
+        ext.extra_compile_args,
+        ext.extra_link_args,
+        ext.libraries,
+        ext.library_dirs,
+    ]
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -100,8 +119,10 @@ def remove_stale_extensions(package_dir: Path, keep: set[str]) -> list[str]:
             path.unlink()
             removed.append(path.name)
     if removed:
-        print(f"torch_kvswap: left out of this build's output, not built by it: {', '.join(removed)}",
-              file=sys.stderr)
+        print(
+            f"torch_kvswap: left out of this build's output, not built by it: {', '.join(removed)}",
+            file=sys.stderr,
+        )
     return removed
 
 
@@ -136,8 +157,11 @@ def captured_output(log_path: Path, verbose: bool):
         if not ok:
             tail = log_path.read_text(errors="replace").splitlines()[-120:]
             print("\n".join(tail), file=sys.stderr)
-            print(f"torch_kvswap: build failed; the whole log is {log_path} "
-                  "(KVSWAP_VERBOSE_BUILD=1 shows it as it runs)", file=sys.stderr)
+            print(
+                f"torch_kvswap: build failed; the whole log is {log_path} "
+                "(KVSWAP_VERBOSE_BUILD=1 shows it as it runs)",
+                file=sys.stderr,
+            )
 
 
 class BuildWithSummary(BuildExtension):
@@ -155,9 +179,13 @@ class BuildWithSummary(BuildExtension):
         than its sources and built with the same fingerprint is skipped."""
         if not self.inplace:
             return list(self.extensions)
-        return [e for e in self.extensions
-                if is_stale(Path(self.get_ext_fullpath(e.name)), [*e.sources, *e.depends])
-                or not self.stamp(e).is_file() or self.stamp(e).read_text() != self.fingerprints[e.name]]
+        return [
+            e
+            for e in self.extensions
+            if is_stale(Path(self.get_ext_fullpath(e.name)), [*e.sources, *e.depends])
+            or not self.stamp(e).is_file()
+            or self.stamp(e).read_text() != self.fingerprints[e.name]
+        ]
 
     def stamp(self, ext) -> Path:
         """Where the fingerprint of an extension's last build is kept."""
@@ -178,15 +206,20 @@ class BuildWithSummary(BuildExtension):
         # host engine and forced engines fail the build.
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001 - reported in the summary
-            print(f"torch_kvswap: the {label} failed after {elapsed(time.monotonic() - start)}", file=self.progress)
+        except Exception as exc:  # reported in the summary
+            print(
+                f"torch_kvswap: the {label} failed after {elapsed(time.monotonic() - start)}",
+                file=self.progress,
+            )
             if not getattr(ext, "optional", False):
                 raise
             self.failed[ext.name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             return
         self.stamp(ext).parent.mkdir(parents=True, exist_ok=True)
         self.stamp(ext).write_text(self.fingerprints[ext.name])
-        print(f"torch_kvswap: the {label} compiled in {elapsed(time.monotonic() - start)}", file=self.progress)
+        print(
+            f"torch_kvswap: the {label} compiled in {elapsed(time.monotonic() - start)}", file=self.progress
+        )
 
     def copy_extensions_to_source(self) -> None:
         """In place, only what this run compiled is copied into the tree: a
@@ -203,11 +236,17 @@ class BuildWithSummary(BuildExtension):
         """What this run will compile with rough durations, or one line saying
         that nothing is stale (no banner for a rebuild that compiles nothing)."""
         if self.to_build:
-            return plan_lines(torch.__version__, self.engines, {e.name for e in self.to_build},
-                              os.environ.get("TORCH_CUDA_ARCH_LIST"))
+            return plan_lines(
+                torch.__version__,
+                self.engines,
+                {e.name for e in self.to_build},
+                os.environ.get("TORCH_CUDA_ARCH_LIST"),
+            )
         up_to_date = ", ".join(self.label(e) for e in self.extensions)
-        return [f"torch_kvswap: nothing to compile, each extension is newer than its sources: {up_to_date} "
-                f"(torch {torch.__version__})"]
+        return [
+            f"torch_kvswap: nothing to compile, each extension is newer than its sources: {up_to_date} "
+            f"(torch {torch.__version__})"
+        ]
 
     def run(self):
         if not self.inplace:
@@ -226,30 +265,45 @@ class BuildWithSummary(BuildExtension):
         log = Path(tempfile.mkstemp(prefix="torch_kvswap-build-", suffix=".log")[1])
         with captured_output(log, bool(flag("KVSWAP_VERBOSE_BUILD"))) as self.progress:
             super().run()
-        warnings = [line for line in log.read_text(errors="replace").splitlines()
-                    if "warning:" in line] if log.exists() else []
+        warnings = (
+            [line for line in log.read_text(errors="replace").splitlines() if "warning:" in line]
+            if log.exists()
+            else []
+        )
         package_dir = Path(self.get_ext_fullpath("torch_kvswap._C")).parent
         if not self.inplace:
             # Only what this build built goes into the wheel: an extension
             # file in the build folder that this build did not write (a
             # test fake built in place and copied with the package's
             # files, or an engine of an earlier build) is removed.
-            remove_stale_extensions(package_dir, {Path(self.get_ext_fullpath(e.name)).name
-                                                  for e in self.extensions if e.name not in self.failed})
+            remove_stale_extensions(
+                package_dir,
+                {
+                    Path(self.get_ext_fullpath(e.name)).name
+                    for e in self.extensions
+                    if e.name not in self.failed
+                },
+            )
         info = self.build_info(built)
         (package_dir / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if self.to_build:
             for line in summary_lines(info):
                 print(line, file=sys.stderr)
         if warnings or self.failed:
-            print(f"torch_kvswap: {len(warnings)} compiler warning(s); the whole build log is {log}",
-                  file=sys.stderr)
+            print(
+                f"torch_kvswap: {len(warnings)} compiler warning(s); the whole build log is {log}",
+                file=sys.stderr,
+            )
         else:
             log.unlink(missing_ok=True)
 
     def build_info(self, selected: set[str]) -> dict:
-        out = {"torch": torch.__version__, "torch_cuda": torch.version.cuda,
-               "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"), "engines": {}}
+        out = {
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+            "engines": {},
+        }
         for e in self.engines:
             out["engines"][e.key] = self.engine_entry(e, selected)
         return out

@@ -66,21 +66,36 @@ def decide_cuda(f: Facts) -> Decision:
         return Decision(False, "KVSWAP_BUILD_CUDA=0", "unset KVSWAP_BUILD_CUDA")
     forced = wanted is True
     if not f.torch_cuda and not forced:
-        return Decision(False, f"torch {f.torch_version} is not a CUDA build",
-                        "install a CUDA build of torch and a CUDA toolkit of the same major version")
+        return Decision(
+            False,
+            f"torch {f.torch_version} is not a CUDA build",
+            "install a CUDA build of torch and a CUDA toolkit of the same major version",
+        )
     if f.cuda_home is None or f.nvcc_version is None:
-        return Decision(False, "no CUDA toolkit found (nvcc with cuda_runtime_api.h beside it)",
-                        "install the CUDA toolkit or set CUDA_HOME to it", forced)
+        return Decision(
+            False,
+            "no CUDA toolkit found (nvcc with cuda_runtime_api.h beside it)",
+            "install the CUDA toolkit or set CUDA_HOME to it",
+            forced,
+        )
     if f.torch_cuda and release(f.torch_cuda)[0] != release(f.nvcc_version)[0]:
-        return Decision(False, f"nvcc {f.nvcc_version} and torch's CUDA {f.torch_cuda} differ in major "
-                        "version, which torch's extension builder refuses",
-                        f"install CUDA toolkit {release(f.torch_cuda)[0]}.x and set CUDA_HOME to it", forced)
+        return Decision(
+            False,
+            f"nvcc {f.nvcc_version} and torch's CUDA {f.torch_cuda} differ in major "
+            "version, which torch's extension builder refuses",
+            f"install CUDA toolkit {release(f.torch_cuda)[0]}.x and set CUDA_HOME to it",
+            forced,
+        )
     arch_list = f.env.get("TORCH_CUDA_ARCH_LIST") or None
     if arch_list is None and f.visible_gpus == 0:
         arch_list = default_cuda_archs(f.nvcc_archs)
         if not arch_list:
-            return Decision(False, f"nvcc {f.nvcc_version} targets none of {DEFAULT_CUDA_ARCHS}",
-                            "set TORCH_CUDA_ARCH_LIST", forced)
+            return Decision(
+                False,
+                f"nvcc {f.nvcc_version} targets none of {DEFAULT_CUDA_ARCHS}",
+                "set TORCH_CUDA_ARCH_LIST",
+                forced,
+            )
     return Decision(True, forced=forced, arch_list=arch_list)
 
 
@@ -98,10 +113,13 @@ def decide_npu(f: Facts) -> Decision:
     if wanted is False:
         return Decision(False, "KVSWAP_BUILD_NPU=0", "unset KVSWAP_BUILD_NPU")
     if f.torch_npu_root is None:
-        return Decision(False, "torch_npu is not installed",
-                        f"pip install torch-npu=={'.'.join(map(str, release(f.torch_version)))} "
-                        "(torch_npu is all the build needs; CANN is found at run time)",
-                        bool(wanted))
+        return Decision(
+            False,
+            "torch_npu is not installed",
+            f"pip install torch-npu=={'.'.join(map(str, release(f.torch_version)))} "
+            "(torch_npu is all the build needs; CANN is found at run time)",
+            bool(wanted),
+        )
     return Decision(True, forced=bool(wanted))
 
 
@@ -109,8 +127,11 @@ def decide_fakes(f: Facts) -> Decision:
     if not flag("KVSWAP_BUILD_FAKES", f.env):
         return Decision(False, "test-only", FAKES_ENABLE)
     if f.cuda_headers is None:
-        return Decision(False, "no CUDA runtime headers found (CUDA_HOME, nvcc's toolkit, /usr/local/cuda)",
-                        "install the CUDA toolkit's headers")
+        return Decision(
+            False,
+            "no CUDA runtime headers found (CUDA_HOME, nvcc's toolkit, /usr/local/cuda)",
+            "install the CUDA toolkit's headers",
+        )
     return Decision(True)
 
 
@@ -130,8 +151,9 @@ def _nvcc_facts(cuda_home: str | None) -> tuple[str | None, list[str]]:
     nvcc = Path(cuda_home) / "bin" / "nvcc"
     try:
         out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, timeout=60).stdout
-        archs = subprocess.run([str(nvcc), "--list-gpu-arch"], capture_output=True, text=True,
-                               timeout=60).stdout
+        archs = subprocess.run(
+            [str(nvcc), "--list-gpu-arch"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None, []
     match = re.search(r"release (\d+\.\d+)", out)
@@ -150,8 +172,11 @@ def find_cuda_home(torch_guess: str | None, env=os.environ) -> str | None:
     guesses from the nvcc on the path, and a wrapper script such as
     /usr/local/bin/nvcc makes that /usr/local, which has no CUDA headers."""
     for home in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), torch_guess, "/usr/local/cuda"):
-        if home and (Path(home) / "include" / "cuda_runtime_api.h").is_file() \
-                and (Path(home) / "bin" / "nvcc").is_file():
+        if (
+            home
+            and (Path(home) / "include" / "cuda_runtime_api.h").is_file()
+            and (Path(home) / "bin" / "nvcc").is_file()
+        ):
             return str(Path(home))
     return None
 
@@ -180,7 +205,14 @@ def gather_facts(torch) -> Facts:
         visible = torch.cuda.device_count() if torch.version.cuda else 0
     except Exception:  # noqa: BLE001 - a broken driver means no usable GPU
         visible = 0
-    return Facts(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cuda_home=cuda_home,
-                 nvcc_version=nvcc_version, nvcc_archs=nvcc_archs, visible_gpus=visible,
-                 torch_npu_root=_torch_npu_root(),
-                 cuda_headers=str(Path(cuda_home) / "include") if cuda_home else None, env=dict(os.environ))
+    return Facts(
+        torch_version=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        cuda_home=cuda_home,
+        nvcc_version=nvcc_version,
+        nvcc_archs=nvcc_archs,
+        visible_gpus=visible,
+        torch_npu_root=_torch_npu_root(),
+        cuda_headers=str(Path(cuda_home) / "include") if cuda_home else None,
+        env=dict(os.environ),
+    )

@@ -14,10 +14,16 @@ import torch_kvswap  # loads the ops
 # so a failure reproduces and a mutant is killed or not, never by luck.
 # KVSWAP_HYPOTHESIS_RANDOM=1 draws fresh examples instead, for a separate
 # exploratory run: `KVSWAP_HYPOTHESIS_RANDOM=1 bash scripts/test.sh -k matches`.
-settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("random", derandomize=False, database=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile(
+    "deterministic",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "random", derandomize=False, database=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.load_profile("random" if os.environ.get("KVSWAP_HYPOTHESIS_RANDOM") == "1" else "deterministic")
 
 
@@ -48,7 +54,7 @@ def fake_cuda(fake_cuda_devices):
     its ops (torch.ops.kvswap_fake_cuda). Afterwards the copy method is back
     to "auto" and nothing is left under the CUDA key."""
     try:
-        import torch_kvswap._fake_cuda  # noqa: F401
+        import torch_kvswap._fake_cuda
     except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
         pytest.skip(f"torch_kvswap._fake_cuda is not built ({exc})")
     F = torch.ops.kvswap_fake_cuda
@@ -73,15 +79,18 @@ def accelerator_or_skip(kind: str) -> torch.device:
         key, engine = "PrivateUse1", "torch_kvswap._C_npu"
     elif kind == "cuda":
         if not torch.cuda.is_available():
-            pytest.skip("no CUDA GPU: torch.cuda.is_available() is False "
-                        f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
+            pytest.skip(
+                "no CUDA GPU: torch.cuda.is_available() is False "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})"
+            )
         key, engine = "CUDA", "torch_kvswap._C_cuda"
     else:
         raise ValueError(kind)
     if not torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_submit", key):
         reason = torch_kvswap._loader.ENGINE_ERRORS.get(engine, "it was not built")
-        pytest.fail(f"a {kind} device is present but the kvswap {kind} engine ({engine}) "
-                    f"is not registered: {reason}")
+        pytest.fail(
+            f"a {kind} device is present but the kvswap {kind} engine ({engine}) is not registered: {reason}"
+        )
     return torch.device(kind, 0)
 
 

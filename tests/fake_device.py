@@ -41,9 +41,15 @@ class _DLDataType(ctypes.Structure):
 
 
 class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
 
 
 class _DLManagedTensor(ctypes.Structure):
@@ -51,8 +57,11 @@ class _DLManagedTensor(ctypes.Structure):
 
 
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(_DLManagedTensor))
-_DLManagedTensor._fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                             ("deleter", _DELETER)]
+_DLManagedTensor._fields_ = [
+    ("dl_tensor", _DLTensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", _DELETER),
+]
 
 _KDL_EXT_DEV = 12  # DLPack's "extension device": torch maps it to PrivateUse1
 _DL_INT, _DL_UINT, _DL_FLOAT = 0, 1, 2
@@ -67,8 +76,10 @@ def _free_dlpack_tensor(managed) -> None:
 def fake_device_or_skip() -> None:
     """Makes privateuseone usable as a stand-in device, or skips the test."""
     if torch._C._get_privateuse1_backend_name() != "privateuseone":
-        pytest.skip("a real PrivateUse1 backend is registered "
-                    f"({torch._C._get_privateuse1_backend_name()}); no stand-in device")
+        pytest.skip(
+            "a real PrivateUse1 backend is registered "
+            f"({torch._C._get_privateuse1_backend_name()}); no stand-in device"
+        )
     if torch_kvswap.ENGINES["npu"]:
         pytest.skip("the Ascend engine serves PrivateUse1; no stand-in device")
     if not hasattr(torch, "privateuseone"):
@@ -104,7 +115,7 @@ def on_fake_device(host: torch.Tensor, index: int = 0) -> torch.Tensor:
     new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     try:
         out = torch._C._from_dlpack(new_capsule(ctypes.addressof(managed), b"dltensor", None))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if release(torch.__version__)[:2] >= (2, 13):  # the release CI runs: the stand-in must work
             raise
         pytest.skip(f"torch {torch.__version__} cannot make the stand-in device: {exc}")
@@ -133,8 +144,9 @@ def engine_spy(key: str, copy: bool = True):
     calls: list[Submission] = []
 
     def submit(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device):
-        call = Submission(src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist(), direction,
-                          total_bytes, device)
+        call = Submission(
+            src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist(), direction, total_bytes, device
+        )
         calls.append(call)
         if copy:
             for s, d, n in zip(call.src, call.dst, call.sizes):

@@ -27,5 +27,6 @@ def plan_batch(src_ptrs, dst_ptrs, sizes, direction=0) -> list[list[int]]:
     """The descriptors kvswap::swap_blocks_batch would submit, as [src, dst,
     sizes] lists; the three columns are tensors, or lists made int64 tensors."""
     planned = torch.ops.kvswap._plan_swap_blocks_batch.default(
-        _as_ids(src_ptrs), _as_ids(dst_ptrs), _as_ids(sizes), int(direction))
+        _as_ids(src_ptrs), _as_ids(dst_ptrs), _as_ids(sizes), int(direction)
+    )
     return [t.tolist() for t in planned]

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 _executor: ProcessPoolExecutor | None = None
 
@@ -78,8 +78,12 @@ def run_isolated(fn: Callable[[], object], timeout: float = 60.0) -> Outcome:
         return Outcome(None, f"{describe(fn)}: child process died (crash or abort)", crashed=True)
     except FutureTimeout:
         _discard_pool()
-        return Outcome(None, f"{describe(fn)} did not finish within {timeout:g} s; its child "
-                             "process was killed and the pool rebuilt", crashed=True)
+        return Outcome(
+            None,
+            f"{describe(fn)} did not finish within {timeout:g} s; its child "
+            "process was killed and the pool rebuilt",
+            crashed=True,
+        )
     except Exception:  # noqa: BLE001
         _discard_pool()
         return Outcome(None, f"{describe(fn)}: {traceback.format_exc()}", crashed=True)

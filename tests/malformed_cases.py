@@ -63,7 +63,9 @@ def _batch(direction=0, **kw):
 
 
 def _one(src_addr, dst_addr, size, direction=0):
-    t = lambda v: torch.tensor([v], dtype=I64)  # noqa: E731
+    def t(v):
+        return torch.tensor([v], dtype=I64)
+
     _batch_op()(t(src_addr), t(dst_addr), t(size), direction)
 
 
@@ -77,11 +79,16 @@ def _ids(*v):
 
 def _swap(src=None, dst=None, sid=None, did=None):
     s, d = _caches()
-    _swap_op()(s if src is None else src, d if dst is None else dst,
-                    _ids(0, 1) if sid is None else sid, _ids(2, 3) if did is None else did)
+    _swap_op()(
+        s if src is None else src,
+        d if dst is None else dst,
+        _ids(0, 1) if sid is None else sid,
+        _ids(2, 3) if did is None else did,
+    )
 
 
 # --- swap_blocks_batch -------------------------------------------------------
+
 
 def batch_src_int32():
     _batch(src=torch.tensor([1, 2], dtype=torch.int32))
@@ -157,16 +164,21 @@ def batch_total_overflows():
     # Byte counts 2^62 + (2^62 - 1) + 2 pass one by one but sum past int64.
     def signed(v):  # addresses above 2^63 as the int64 values data_ptr() gives
         return v - (1 << 64) if v >= (1 << 63) else v
+
     big = 1 << 62
     src = [4096, 4096 + big, 8192]
     dst = [1 << 63, (1 << 63) + big, 16384]
     sizes = [big, big - 1, 2]
-    _batch_op()(torch.tensor([signed(v) for v in src], dtype=I64),
-                          torch.tensor([signed(v) for v in dst], dtype=I64),
-                          torch.tensor(sizes, dtype=I64), 0)
+    _batch_op()(
+        torch.tensor([signed(v) for v in src], dtype=I64),
+        torch.tensor([signed(v) for v in dst], dtype=I64),
+        torch.tensor(sizes, dtype=I64),
+        0,
+    )
 
 
 # --- swap_blocks ---------------------------------------------------------------
+
 
 def swap_list_lengths():
     s, d = _caches()
@@ -258,12 +270,13 @@ def swap_dst_blocks_overlap():
 
 
 def swap_src_devices_differ():
-    _swap(src=[torch.zeros(8, 4), torch.zeros(8, 4, device="meta")],
-          dst=[torch.zeros(8, 4), torch.zeros(8, 4)])
+    _swap(
+        src=[torch.zeros(8, 4), torch.zeros(8, 4, device="meta")], dst=[torch.zeros(8, 4), torch.zeros(8, 4)]
+    )
 
 
 def swap_pairs_chain_through_one_cache():
-    x, y, z = torch.arange(32.).view(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)
+    x, y, z = torch.arange(32.0).view(8, 4), torch.zeros(8, 4), torch.zeros(8, 4)
     _swap(src=[x, y], dst=[y, z], sid=_ids(0, 1), did=_ids(1, 2))  # y[1] written and read
 
 
@@ -272,6 +285,7 @@ def swap_pairs_writing_one_cache():
 
 
 # --- expand_block_ids ----------------------------------------------------------
+
 
 def expand_factor_zero():
     ops.expand_block_ids(_ids(1, 2), 0)
@@ -318,37 +332,111 @@ CASES = {
     "batch_address_wraps": (batch_address_wraps, ValueError, r"src_ptrs\[0\] \+ sizes\[0\] overflows"),
     "batch_self_overlap": (batch_self_overlap, ValueError, r"descriptor 0: source .* overlap"),
     "batch_overlap_by_one_byte": (batch_overlap_by_one_byte, ValueError, r"descriptor 0: source .* overlap"),
-    "batch_total_overflows": (batch_total_overflows, ValueError, r"total byte count overflows int64 at index 2"),
+    "batch_total_overflows": (
+        batch_total_overflows,
+        ValueError,
+        r"total byte count overflows int64 at index 2",
+    ),
     "swap_list_lengths": (swap_list_lengths, ValueError, r"src_caches has 1 tensors but dst_caches has 2"),
-    "swap_dtype_mismatch": (swap_dtype_mismatch, TypeError, r"src_caches\[0\] is Float but dst_caches\[0\] is Half"),
-    "swap_block_bytes_mismatch": (swap_block_bytes_mismatch, ValueError, r"src_caches\[0\] has 32 bytes per block .* dst_caches\[0\] has 48"),
-    "swap_non_contiguous_block": (swap_non_contiguous_block, ValueError, r"src_caches\[0\]: each block must be contiguous"),
+    "swap_dtype_mismatch": (
+        swap_dtype_mismatch,
+        TypeError,
+        r"src_caches\[0\] is Float but dst_caches\[0\] is Half",
+    ),
+    "swap_block_bytes_mismatch": (
+        swap_block_bytes_mismatch,
+        ValueError,
+        r"src_caches\[0\] has 32 bytes per block .* dst_caches\[0\] has 48",
+    ),
+    "swap_non_contiguous_block": (
+        swap_non_contiguous_block,
+        ValueError,
+        r"src_caches\[0\]: each block must be contiguous",
+    ),
     "swap_zero_dim_cache": (swap_zero_dim_cache, ValueError, r"src_caches\[0\] must have a block dimension"),
-    "swap_src_id_equal_to_num_blocks": (swap_src_id_equal_to_num_blocks, IndexError, r"src_block_ids\[1\] = 8 is out of range for src_caches\[0\], which has 8 blocks"),
-    "swap_dst_id_equal_to_num_blocks": (swap_dst_id_equal_to_num_blocks, IndexError, r"dst_block_ids\[1\] = 8 is out of range for dst_caches\[0\], which has 8 blocks"),
+    "swap_src_id_equal_to_num_blocks": (
+        swap_src_id_equal_to_num_blocks,
+        IndexError,
+        r"src_block_ids\[1\] = 8 is out of range for src_caches\[0\], which has 8 blocks",
+    ),
+    "swap_dst_id_equal_to_num_blocks": (
+        swap_dst_id_equal_to_num_blocks,
+        IndexError,
+        r"dst_block_ids\[1\] = 8 is out of range for dst_caches\[0\], which has 8 blocks",
+    ),
     "swap_negative_src_id": (swap_negative_src_id, IndexError, r"src_block_ids\[0\] = -1 is out of range"),
-    "swap_negative_dst_id": (swap_negative_dst_id, IndexError, r"dst_block_ids\[1\] = -1 is out of range for dst_caches\[0\]"),
-    "swap_src_id_equal_to_num_blocks_of_second_tensor": (swap_src_id_equal_to_num_blocks_of_second_tensor, IndexError, r"src_block_ids\[1\] = 4 is out of range for src_caches\[1\], which has 4 blocks"),
-    "swap_dst_id_equal_to_num_blocks_of_second_tensor": (swap_dst_id_equal_to_num_blocks_of_second_tensor, IndexError, r"dst_block_ids\[1\] = 4 is out of range for dst_caches\[1\], which has 4 blocks"),
-    "swap_dst_id_out_of_range_for_second_tensor": (swap_dst_id_out_of_range_for_second_tensor, IndexError, r"dst_block_ids\[1\] = 5 is out of range for dst_caches\[1\], which has 4 blocks"),
+    "swap_negative_dst_id": (
+        swap_negative_dst_id,
+        IndexError,
+        r"dst_block_ids\[1\] = -1 is out of range for dst_caches\[0\]",
+    ),
+    "swap_src_id_equal_to_num_blocks_of_second_tensor": (
+        swap_src_id_equal_to_num_blocks_of_second_tensor,
+        IndexError,
+        r"src_block_ids\[1\] = 4 is out of range for src_caches\[1\], which has 4 blocks",
+    ),
+    "swap_dst_id_equal_to_num_blocks_of_second_tensor": (
+        swap_dst_id_equal_to_num_blocks_of_second_tensor,
+        IndexError,
+        r"dst_block_ids\[1\] = 4 is out of range for dst_caches\[1\], which has 4 blocks",
+    ),
+    "swap_dst_id_out_of_range_for_second_tensor": (
+        swap_dst_id_out_of_range_for_second_tensor,
+        IndexError,
+        r"dst_block_ids\[1\] = 5 is out of range for dst_caches\[1\], which has 4 blocks",
+    ),
     "swap_id_lengths": (swap_id_lengths, ValueError, r"src_block_ids has 3 ids but dst_block_ids has 2"),
     "swap_ids_int32": (swap_ids_int32, TypeError, r"src_block_ids must be int64"),
     "swap_ids_2d": (swap_ids_2d, ValueError, r"dst_block_ids must be 1-D"),
-    "swap_duplicate_dst_ids": (swap_duplicate_dst_ids, ValueError, r"dst_block_ids\[0\] and dst_block_ids\[2\] are both 5"),
-    "swap_read_and_write_same_block": (swap_read_and_write_same_block, ValueError, r"src_block_ids\[1\] = 2 is also a destination block"),
-    "swap_overlapping_views": (swap_overlapping_views, ValueError, r"overlap in memory with different layouts"),
-    "swap_dst_blocks_overlap": (swap_dst_blocks_overlap, ValueError, r"dst_caches\[0\]: blocks overlap in memory"),
-    "swap_pairs_chain_through_one_cache": (swap_pairs_chain_through_one_cache, ValueError,
-                                           r"dst_caches\[0\] block 1 .*written.* and src_caches\[1\] block 1 "
-                                           r".*read.* share the bytes"),
-    "swap_pairs_writing_one_cache": (swap_pairs_writing_one_cache, ValueError,
-                                     r"dst_caches\[0\] block \d .* and dst_caches\[1\] block \d .* share the bytes"),
-    "swap_src_devices_differ": (swap_src_devices_differ, RuntimeError, r"src_caches\[1\] is on meta but src_caches\[0\] is on cpu"),
+    "swap_duplicate_dst_ids": (
+        swap_duplicate_dst_ids,
+        ValueError,
+        r"dst_block_ids\[0\] and dst_block_ids\[2\] are both 5",
+    ),
+    "swap_read_and_write_same_block": (
+        swap_read_and_write_same_block,
+        ValueError,
+        r"src_block_ids\[1\] = 2 is also a destination block",
+    ),
+    "swap_overlapping_views": (
+        swap_overlapping_views,
+        ValueError,
+        r"overlap in memory with different layouts",
+    ),
+    "swap_dst_blocks_overlap": (
+        swap_dst_blocks_overlap,
+        ValueError,
+        r"dst_caches\[0\]: blocks overlap in memory",
+    ),
+    "swap_pairs_chain_through_one_cache": (
+        swap_pairs_chain_through_one_cache,
+        ValueError,
+        r"dst_caches\[0\] block 1 .*written.* and src_caches\[1\] block 1 "
+        r".*read.* share the bytes",
+    ),
+    "swap_pairs_writing_one_cache": (
+        swap_pairs_writing_one_cache,
+        ValueError,
+        r"dst_caches\[0\] block \d .* and dst_caches\[1\] block \d .* share the bytes",
+    ),
+    "swap_src_devices_differ": (
+        swap_src_devices_differ,
+        RuntimeError,
+        r"src_caches\[1\] is on meta but src_caches\[0\] is on cpu",
+    ),
     "expand_factor_zero": (expand_factor_zero, ValueError, r"block_size_factor must be >= 1, got 0"),
-    "expand_negative_skip": (expand_negative_skip, ValueError, r"skip_count must be in \[0, block_size_factor\) = \[0, 4\), got -1"),
+    "expand_negative_skip": (
+        expand_negative_skip,
+        ValueError,
+        r"skip_count must be in \[0, block_size_factor\) = \[0, 4\), got -1",
+    ),
     "expand_skip_equal_to_factor": (expand_skip_equal_to_factor, ValueError, r"got 4"),
     "expand_negative_id": (expand_negative_id, ValueError, r"block_ids\[1\] is -3"),
     "expand_int32": (expand_int32, TypeError, r"block_ids must be int64, got Int"),
     "expand_2d": (expand_2d, ValueError, r"block_ids must be 1-D"),
-    "expand_overflow": (expand_overflow, ValueError, r"block_ids\[1\] = 4611686018427387904 times block_size_factor 4 overflows int64"),
+    "expand_overflow": (
+        expand_overflow,
+        ValueError,
+        r"block_ids\[1\] = 4611686018427387904 times block_size_factor 4 overflows int64",
+    ),
 }

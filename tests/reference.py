@@ -32,7 +32,7 @@ def copy_bytes_ref(memory: bytearray, base: int, src, dst, sizes) -> bytearray:
     """Applies descriptors (addresses relative to `base`) one by one, in order."""
     out = bytearray(memory)
     for s, d, n in zip(src, dst, sizes):
-        out[d - base:d - base + n] = memory[s - base:s - base + n]
+        out[d - base : d - base + n] = memory[s - base : s - base + n]
     return out
 
 

@@ -107,11 +107,13 @@ def test_opcheck_on_device(kind):
     device = accelerator_or_skip(kind)
     src = caches(2048, torch.bfloat16, 6, device, seed=5)
     dst = caches(2048, torch.bfloat16, 6, "host", seed=6)
-    results = torch.library.opcheck(torch.ops.kvswap.swap_blocks.default,
-                                    (src, dst, torch.tensor([0, 5]), torch.tensor([1, 2])))
+    results = torch.library.opcheck(
+        torch.ops.kvswap.swap_blocks.default, (src, dst, torch.tensor([0, 5]), torch.tensor([1, 2]))
+    )
     assert set(results.values()) == {"SUCCESS"}, results
-    results = torch.library.opcheck(torch.ops.kvswap.expand_block_ids.default,
-                                    (torch.tensor([1, 4], device=device), 4, 1))
+    results = torch.library.opcheck(
+        torch.ops.kvswap.expand_block_ids.default, (torch.tensor([1, 4], device=device), 4, 1)
+    )
     assert set(results.values()) == {"SUCCESS"}, results
 
 
@@ -176,8 +178,9 @@ def test_cuda_kernel_path_skips_device_ids_out_of_range():
         dev = caches(2048, torch.float32, 4, device, pairs=1, seed=13)
         host = caches(2048, torch.float32, 4, "host", pairs=1, seed=14)
         before = host[0].clone()
-        torch_kvswap.swap_blocks(dev, host, torch.tensor([0, 9], device=device),
-                                 torch.tensor([4, 1], device=device))
+        torch_kvswap.swap_blocks(
+            dev, host, torch.tensor([0, 9], device=device), torch.tensor([4, 1], device=device)
+        )
         torch.cuda.synchronize()
         assert torch.equal(host[0], before)  # both ids out of range for one side
 
@@ -231,7 +234,7 @@ def test_cuda_pinned_host_cache_freed_after_the_call_is_not_reused_mid_copy():
 def npu_pins_in_place(device) -> bool:
     """Whether this CANN can page-lock memory in place (aclrtHostRegisterV2)."""
     raw = torch.empty(2 * 4096, dtype=torch.uint8)
-    probe = raw[(-raw.data_ptr()) % 4096:][:4096]
+    probe = raw[(-raw.data_ptr()) % 4096 :][:4096]
     try:
         torch.ops.kvswap._host_register(probe, device, True)
     except NotImplementedError:
@@ -314,8 +317,13 @@ def test_gpu_check_budgets_fit_two_shots_in_one_lease():
     import subprocess
 
     script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
-    out = subprocess.run(["bash", str(script), "--budgets"], check=True, capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        ["bash", str(script), "--budgets"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     budgets = json.loads(out.stdout)
     steps = budgets["steps"]
     assert list(steps) == ["preflight", "build", "tests", "probe", "bench", "memcheck", "racecheck", "report"]

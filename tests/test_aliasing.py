@@ -44,8 +44,7 @@ def conflicts_ref(src, dst, sid, did, base: int) -> bool:
     """Whether some pair writes a byte that another pair reads or writes."""
     writes = [touched(d, did, base) for d in dst]
     reads = [touched(s, sid, base) for s in src]
-    return any(writes[i] & (reads[k] | writes[k])
-               for i in range(len(dst)) for k in range(len(dst)) if i != k)
+    return any(writes[i] & (reads[k] | writes[k]) for i in range(len(dst)) for k in range(len(dst)) if i != k)
 
 
 def sequential_ref(buf: torch.Tensor, src, dst, sid, did) -> torch.Tensor:
@@ -68,8 +67,11 @@ def test_a_chain_through_a_block_that_is_read_and_written_is_refused(mode):
     x, y, z = (cache(buf, k * 8 * BLOCK, 8) for k in range(3))
     before = buf.clone()
     # pair 0 writes y[1], which pair 1 reads
-    with pytest.raises(ValueError, match=r"dst_caches\[0\] block 1 \(dst_block_ids\[0\], written\) and "
-                                         r"src_caches\[1\] block 1 \(src_block_ids\[1\], read\) share the bytes"):
+    with pytest.raises(
+        ValueError,
+        match=r"dst_caches\[0\] block 1 \(dst_block_ids\[0\], written\) and "
+        r"src_caches\[1\] block 1 \(src_block_ids\[1\], read\) share the bytes",
+    ):
         run(buf, [x, y], [y, z], [0, 1], [1, 2])
     assert torch.equal(buf, before)
 
@@ -78,8 +80,11 @@ def test_two_pairs_writing_the_same_cache_are_refused(mode):
     buf = torch.arange(3 * 8 * BLOCK, dtype=torch.uint8)
     x, y, z = (cache(buf, k * 8 * BLOCK, 8) for k in range(3))
     before = buf.clone()
-    with pytest.raises(ValueError, match=r"dst_caches\[0\] block 5 .* dst_caches\[1\] block 5 .* "
-                                         r"\(8 bytes\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"dst_caches\[0\] block 5 .* dst_caches\[1\] block 5 .* "
+        r"\(8 bytes\)",
+    ):
         run(buf, [x, y], [z, z], [0], [5])
     assert torch.equal(buf, before)
 
@@ -95,8 +100,9 @@ def test_a_chain_whose_blocks_do_not_meet_is_copied(mode):
 def test_interleaved_k_and_v_views_of_one_allocation_are_distinct_memory(mode):
     device = torch.zeros(8, 2, BLOCK, dtype=torch.uint8)
     host = torch.randint(0, 255, (8, 2, BLOCK), dtype=torch.uint8)
-    torch.ops.kvswap.swap_blocks([host[:, 0], host[:, 1]], [device[:, 0], device[:, 1]],
-                                 torch.tensor([0, 7]), torch.tensor([7, 0]))
+    torch.ops.kvswap.swap_blocks(
+        [host[:, 0], host[:, 1]], [device[:, 0], device[:, 1]], torch.tensor([0, 7]), torch.tensor([7, 0])
+    )
     assert torch.equal(device[7], host[0]) and torch.equal(device[0], host[7])
 
 
@@ -105,11 +111,11 @@ def test_interleaved_k_and_v_views_of_one_allocation_are_distinct_memory(mode):
 # covering it, and interleaved with it on a doubled stride (half a block off:
 # the blocks overlap; a whole block off: they sit in each other's gaps).
 PLACEMENTS = {  # (byte offset, stride) of pair 1's cache; pair 0 writes blocks at 32, 48, 64, 80
-    "touching below": (0, BLOCK),                          # bytes 0..31
-    "touching above": (11 * BLOCK, BLOCK),                 # bytes 88..119
-    "one byte under": (1, BLOCK),                          # its block 3 ends at byte 32
-    "one byte over": (11 * BLOCK - 1, BLOCK),              # its block 0 starts at byte 87
-    "inside": (5 * BLOCK, BLOCK),                          # bytes 40..71: gaps and blocks
+    "touching below": (0, BLOCK),  # bytes 0..31
+    "touching above": (11 * BLOCK, BLOCK),  # bytes 88..119
+    "one byte under": (1, BLOCK),  # its block 3 ends at byte 32
+    "one byte over": (11 * BLOCK - 1, BLOCK),  # its block 0 starts at byte 87
+    "inside": (5 * BLOCK, BLOCK),  # bytes 40..71: gaps and blocks
     "interleaved, half a block off": (4 * BLOCK + BLOCK // 2, 2 * BLOCK),
     "interleaved, one block off": (5 * BLOCK, 2 * BLOCK),  # every block in a gap of pair 0's
 }
@@ -206,6 +212,7 @@ def test_the_offloader_takes_interleaved_k_and_v_and_groups_that_share_a_cache()
         off.wait({1})
         assert torch.equal(off.host_tensors[1][0], kv[3, 1])
     layer = torch.zeros(8, 4, 16)
-    with torch_kvswap.KVCacheOffloader({"a": layer, "b": layer}, 16, 16, num_host_blocks=4,
-                                       groups=[[0], [1]]):
+    with torch_kvswap.KVCacheOffloader(
+        {"a": layer, "b": layer}, 16, 16, num_host_blocks=4, groups=[[0], [1]]
+    ):
         pass  # two groups are two calls: sharing across groups is the groups' contract

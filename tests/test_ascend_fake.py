@@ -26,8 +26,10 @@ from torch_kvswap._build_shared import release
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = Path(__file__).resolve().parent / "fake_npu"
-LOAD_ABSENT = ("aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin,aclrtHostRegisterV2,"
-               "aclrtPointerGetAttributes,aclGetRecentErrMsg")  # every optional ACL function
+LOAD_ABSENT = (
+    "aclrtMemcpyBatchAsync,aclmdlRICaptureGetInfo,aclmdlRICaptureBegin,aclrtHostRegisterV2,"
+    "aclrtPointerGetAttributes,aclGetRecentErrMsg"
+)  # every optional ACL function
 # session -> (case files, extra environment)
 SESSIONS = {
     "main": (sorted(p for p in CASES.glob("cases_*.py") if p.name != "cases_load.py"), {}),
@@ -35,8 +37,7 @@ SESSIONS = {
 }
 
 if release(torch.__version__)[:2] < (2, 13):
-    pytest.skip("the Ascend engine targets the torch that torch_npu 2.13 pairs with",
-                allow_module_level=True)
+    pytest.skip("the Ascend engine targets the torch that torch_npu 2.13 pairs with", allow_module_level=True)
 
 
 def case_functions() -> list[tuple[str, str, str]]:
@@ -44,8 +45,11 @@ def case_functions() -> list[tuple[str, str, str]]:
     for session, (files, _) in SESSIONS.items():
         for f in files:
             tree = ast.parse(f.read_text())
-            out += [(session, f.stem, n.name) for n in tree.body
-                    if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+            out += [
+                (session, f.stem, n.name)
+                for n in tree.body
+                if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+            ]
     return out
 
 
@@ -53,9 +57,24 @@ def run_session(session: str, files: list[Path], tmp: Path) -> tuple[dict, str]:
     env = SESSIONS[session][1]
     xml = tmp / f"{session}-{files[0].stem}.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "python_files=cases_*.py",
-         f"--junitxml={xml}", *map(str, files)],
-        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=1800)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "python_files=cases_*.py",
+            f"--junitxml={xml}",
+            *map(str, files),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     output = proc.stdout + proc.stderr
     results: dict[tuple[str, str], list[tuple[str, str]]] = {}
     if xml.exists():
@@ -65,7 +84,9 @@ def run_session(session: str, files: list[Path], tmp: Path) -> tuple[dict, str]:
             problem = case.find("failure")
             if problem is None:
                 problem = case.find("error")
-            verdict = "passed" if problem is None else (problem.get("message", "") + "\n" + (problem.text or ""))
+            verdict = (
+                "passed" if problem is None else (problem.get("message", "") + "\n" + (problem.text or ""))
+            )
             if case.find("skipped") is not None:
                 verdict = "skipped: " + case.find("skipped").get("message", "")
             results.setdefault((stem, name.split("[")[0]), []).append((name, verdict))
@@ -86,8 +107,9 @@ def child(tmp_path_factory):
     return results
 
 
-@pytest.mark.parametrize("session,module,function", case_functions(),
-                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "session,module,function", case_functions(), ids=lambda v: v if isinstance(v, str) else None
+)
 def test_fake_npu(child, session, module, function):
     results, output = child(session, module)
     runs = results.get((module, function))

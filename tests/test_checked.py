@@ -51,8 +51,10 @@ class Setup:
         self.mirror_backing = filled(blocks + 1, seed=2)
         self.cache = self.cache_backing[:blocks]
         self.mirror = self.mirror_backing[:blocks]
-        self.regions = [torch_kvswap.register_region(self.cache, side="device", label="cache"),
-                        torch_kvswap.register_region(self.mirror, label="mirror")]
+        self.regions = [
+            torch_kvswap.register_region(self.cache, side="device", label="cache"),
+            torch_kvswap.register_region(self.mirror, label="mirror"),
+        ]
 
     def close(self):
         for r in self.regions:
@@ -77,7 +79,9 @@ def blocks_of(t: torch.Tensor, ids, offset: int = 0) -> list[int]:
 
 
 def call(src, dst, sizes, direction):
-    as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    def as_t(v):
+        return torch.tensor(v, dtype=torch.int64)
+
     OP(as_t(src), as_t(dst), as_t(sizes), int(direction))
 
 
@@ -125,8 +129,13 @@ def test_set_checked_turns_it_on_until_turned_off_and_blocks_keep_it_on():
 @pytest.mark.parametrize("value,on", [("1", True), ("0", False), ("", False)])
 def test_kvswap_check_in_the_environment_turns_it_on_at_import(value, on):
     env = dict(os.environ, KVSWAP_CHECK=value)
-    out = subprocess.run([sys.executable, "-c", "import torch_kvswap; print(torch_kvswap.is_checked())"],
-                         env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch_kvswap; print(torch_kvswap.is_checked())"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == str(on)
 
 
@@ -147,51 +156,85 @@ def test_descriptors_inside_registered_regions_copy_as_unchecked(setup):
 REFUSED = {
     # A destination id one past the mirror's last block: the off-by-one.
     "destination-one-block-past-the-region": (
-        lambda s: (blocks_of(s.cache, [0, 1, 2]), blocks_of(s.mirror, [6, 7, 8]), [BLOCK] * 3,
-                   Direction.DEVICE_TO_HOST),
+        lambda s: (
+            blocks_of(s.cache, [0, 1, 2]),
+            blocks_of(s.mirror, [6, 7, 8]),
+            [BLOCK] * 3,
+            Direction.DEVICE_TO_HOST,
+        ),
         r"dst_ptrs\[2\] = 0x[0-9a-f]+ \(\+256 bytes\) is not inside any registered host region; "
-        r"the nearest host region is 'mirror' \[0x[0-9a-f]+, 0x[0-9a-f]+\), 0 bytes after its end"),
+        r"the nearest host region is 'mirror' \[0x[0-9a-f]+, 0x[0-9a-f]+\), 0 bytes after its end",
+    ),
     "destination-running-past-the-region-end": (
-        lambda s: (blocks_of(s.cache, [0]), blocks_of(s.mirror, [7], offset=8), [BLOCK],
-                   Direction.DEVICE_TO_HOST),
-        r"dst_ptrs\[0\] .* 'mirror' .* running 8 bytes past its end"),
+        lambda s: (
+            blocks_of(s.cache, [0]),
+            blocks_of(s.mirror, [7], offset=8),
+            [BLOCK],
+            Direction.DEVICE_TO_HOST,
+        ),
+        r"dst_ptrs\[0\] .* 'mirror' .* running 8 bytes past its end",
+    ),
     "source-outside-every-region": (
-        lambda s: (blocks_of(s.cache_backing, [8]), blocks_of(s.mirror, [0]), [BLOCK],
-                   Direction.DEVICE_TO_HOST),
+        lambda s: (
+            blocks_of(s.cache_backing, [8]),
+            blocks_of(s.mirror, [0]),
+            [BLOCK],
+            Direction.DEVICE_TO_HOST,
+        ),
         r"src_ptrs\[0\] = .* not inside any registered device region; the nearest device "
-        r"region is 'cache'"),
+        r"region is 'cache'",
+    ),
     # Direction says host->device, but the source is the device cache: the
     # descriptors are aimed at the wrong buffers.
     "direction-reversed": (
-        lambda s: (blocks_of(s.cache, [0]), blocks_of(s.mirror, [0]), [BLOCK],
-                   Direction.HOST_TO_DEVICE),
+        lambda s: (blocks_of(s.cache, [0]), blocks_of(s.mirror, [0]), [BLOCK], Direction.HOST_TO_DEVICE),
         r"src_ptrs\[0\] = .* not inside any registered host region; the nearest host region is "
-        r"'mirror'"),
+        r"'mirror'",
+    ),
     "destination-of-a-device-to-device-copy-in-host-memory": (
-        lambda s: (blocks_of(s.cache, [0]), blocks_of(s.mirror, [0]), [BLOCK],
-                   Direction.DEVICE_TO_DEVICE),
-        r"dst_ptrs\[0\] = .* not inside any registered device region"),
+        lambda s: (blocks_of(s.cache, [0]), blocks_of(s.mirror, [0]), [BLOCK], Direction.DEVICE_TO_DEVICE),
+        r"dst_ptrs\[0\] = .* not inside any registered device region",
+    ),
     "two-descriptors-write-one-block": (
-        lambda s: (blocks_of(s.cache, [0, 1, 2]), blocks_of(s.mirror, [4, 5, 4]), [BLOCK] * 3,
-                   Direction.DEVICE_TO_HOST),
+        lambda s: (
+            blocks_of(s.cache, [0, 1, 2]),
+            blocks_of(s.mirror, [4, 5, 4]),
+            [BLOCK] * 3,
+            Direction.DEVICE_TO_HOST,
+        ),
         r"the destinations of descriptors 0 and 2 overlap: dst_ptrs\[0\] = 0x[0-9a-f]+ \(\+256 "
-        r"bytes\) and dst_ptrs\[2\]"),
+        r"bytes\) and dst_ptrs\[2\]",
+    ),
     "destinations-overlapping-by-one-byte": (
-        lambda s: (blocks_of(s.cache, [0, 2]), [s.mirror.data_ptr(), s.mirror.data_ptr() + 255],
-                   [BLOCK, BLOCK], Direction.DEVICE_TO_HOST),
-        r"the destinations of descriptors 0 and 1 overlap"),
+        lambda s: (
+            blocks_of(s.cache, [0, 2]),
+            [s.mirror.data_ptr(), s.mirror.data_ptr() + 255],
+            [BLOCK, BLOCK],
+            Direction.DEVICE_TO_HOST,
+        ),
+        r"the destinations of descriptors 0 and 1 overlap",
+    ),
     # Within one address space (the host engine; or device to device): descriptor
     # 1 reads the block descriptor 0 writes.
     "a-chain": (
-        lambda s: (blocks_of(s.cache, [0, 3]), blocks_of(s.cache, [3, 6]), [BLOCK] * 2,
-                   Direction.DEVICE_TO_DEVICE),
+        lambda s: (
+            blocks_of(s.cache, [0, 3]),
+            blocks_of(s.cache, [3, 6]),
+            [BLOCK] * 2,
+            Direction.DEVICE_TO_DEVICE,
+        ),
         r"descriptor 1 reads src_ptrs\[1\] = 0x[0-9a-f]+ \(\+256 bytes\), which descriptor 0 "
-        r"writes \(dst_ptrs\[0\] = 0x[0-9a-f]+, \+256 bytes\): a chain"),
+        r"writes \(dst_ptrs\[0\] = 0x[0-9a-f]+, \+256 bytes\): a chain",
+    ),
     "a-chain-overlapping-by-one-byte": (
-        lambda s: (blocks_of(s.cache, [0, 4]), [s.cache.data_ptr() + 4 * BLOCK - 255,
-                                                 s.cache.data_ptr() + 6 * BLOCK],
-                   [BLOCK, BLOCK], Direction.DEVICE_TO_DEVICE),
-        r"descriptor 1 reads .* which descriptor 0 writes"),
+        lambda s: (
+            blocks_of(s.cache, [0, 4]),
+            [s.cache.data_ptr() + 4 * BLOCK - 255, s.cache.data_ptr() + 6 * BLOCK],
+            [BLOCK, BLOCK],
+            Direction.DEVICE_TO_DEVICE,
+        ),
+        r"descriptor 1 reads .* which descriptor 0 writes",
+    ),
 }
 
 
@@ -257,8 +300,12 @@ def test_a_chain_that_only_touches_is_not_a_chain(setup):
 
 def test_zero_byte_descriptors_are_not_checked(setup):
     with torch_kvswap.checked():
-        call([12345, setup.cache.data_ptr()], [64, setup.mirror.data_ptr()], [0, BLOCK],
-             Direction.DEVICE_TO_HOST)
+        call(
+            [12345, setup.cache.data_ptr()],
+            [64, setup.mirror.data_ptr()],
+            [0, BLOCK],
+            Direction.DEVICE_TO_HOST,
+        )
     assert torch.equal(setup.mirror[0], setup.cache[0])
 
 
@@ -292,18 +339,19 @@ def test_four_thousand_descriptors_in_any_order_are_checked_exactly(shuffled):
 def test_regions_nested_in_each_other_and_descriptors_spanning_two_are_refused():
     outer = filled(8, seed=8)
     mirror = torch.zeros(8, BLOCK, dtype=torch.uint8)
-    with torch_kvswap.register_region(outer, side="device", label="outer"), \
-            torch_kvswap.register_region(outer[2:3], side="device", label="inner"), \
-            torch_kvswap.register_region(mirror[:4], label="low"), \
-            torch_kvswap.register_region(mirror[4:], label="high"):
+    with (
+        torch_kvswap.register_region(outer, side="device", label="outer"),
+        torch_kvswap.register_region(outer[2:3], side="device", label="inner"),
+        torch_kvswap.register_region(mirror[:4], label="low"),
+        torch_kvswap.register_region(mirror[4:], label="high"),
+    ):
         with torch_kvswap.checked():
             # Inside the outer region, though past the inner one: fine.
             call(blocks_of(outer, [5]), blocks_of(mirror, [1]), [BLOCK], Direction.DEVICE_TO_HOST)
             assert torch.equal(mirror[1], outer[5])
             # Two adjacent regions are two regions: a copy spanning both is refused.
             with pytest.raises(ValueError, match=r"dst_ptrs\[0\] .* 'low' .* running 256 bytes"):
-                call([outer.data_ptr()], blocks_of(mirror, [3]), [2 * BLOCK],
-                     Direction.DEVICE_TO_HOST)
+                call([outer.data_ptr()], blocks_of(mirror, [3]), [2 * BLOCK], Direction.DEVICE_TO_HOST)
     assert not mirror[3:5].any()
 
 
@@ -336,8 +384,11 @@ def test_a_strided_region_spans_its_first_to_last_element():
     t = torch.zeros(4, 2, BLOCK, dtype=torch.uint8)
     half = t[:, 0]  # blocks 0, 2, 4, 6 of the buffer
     src = filled(1, seed=9)
-    with torch_kvswap.register_region(half, side="device", label="half"), \
-            torch_kvswap.register_region(src, label="src"), torch_kvswap.checked():
+    with (
+        torch_kvswap.register_region(half, side="device", label="half"),
+        torch_kvswap.register_region(src, label="src"),
+        torch_kvswap.checked(),
+    ):
         call([src.data_ptr()], [half[3].data_ptr()], [BLOCK], Direction.HOST_TO_DEVICE)
         with pytest.raises(ValueError, match=r"'half' .* 0 bytes after its end"):
             call([src.data_ptr()], [t[3, 1].data_ptr()], [BLOCK], Direction.HOST_TO_DEVICE)
@@ -352,7 +403,10 @@ def test_checks_run_in_the_compiled_graphs_eager_kernel_without_breaking_fullgra
         torch.ops.kvswap.swap_blocks_batch.default(src, dst, sizes, int(Direction.DEVICE_TO_HOST))
 
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
-    as_t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+
+    def as_t(v):
+        return torch.tensor(v, dtype=torch.int64)
+
     good = (as_t(blocks_of(setup.cache, [1])), as_t(blocks_of(setup.mirror, [2])), as_t([BLOCK]))
     bad = (as_t(blocks_of(setup.cache, [1])), as_t(blocks_of(setup.mirror, [8])), as_t([BLOCK]))
     before = setup.snapshot()
@@ -396,10 +450,13 @@ def device_ids(F, values):
     return F.device_copy(torch.tensor(values, dtype=torch.int64), 0)
 
 
-@pytest.mark.parametrize("did,error,message", [
-    ([2, 2], ValueError, r"dst_block_ids\[0\] and dst_block_ids\[1\] are both 2"),
-    ([2, 4], IndexError, r"dst_block_ids\[1\] = 4 is out of range for dst_caches\[0\], which has 4"),
-])
+@pytest.mark.parametrize(
+    "did,error,message",
+    [
+        ([2, 2], ValueError, r"dst_block_ids\[0\] and dst_block_ids\[1\] are both 2"),
+        ([2, 4], IndexError, r"dst_block_ids\[1\] = 4 is out of range for dst_caches\[0\], which has 4"),
+    ],
+)
 def test_device_resident_ids_are_checked_like_host_ids(fake_cuda_kernel, did, error, message):
     F, stream = fake_cuda_kernel
     src = [F.device_copy(filled(4, seed=10), 0)]
@@ -445,15 +502,21 @@ def test_device_resident_ids_are_not_read_back_under_capture_and_one_warning_say
     # Both captures are valid: nothing was read back. The warning comes from
     # the core's log (stderr), once.
     assert out.stdout.split() == ["cudaSuccess", "cudaSuccess"], out.stdout + out.stderr
-    assert out.stderr.count("block ids on the device are not checked while the stream of cuda:0 "
-                            "is being captured") == 1, out.stderr
+    assert (
+        out.stderr.count(
+            "block ids on the device are not checked while the stream of cuda:0 is being captured"
+        )
+        == 1
+    ), out.stderr
 
 
 # ---------------------------------------------------------------- the vLLM plug-ins' switch
 
 
-@pytest.mark.parametrize("extra, on", [({"kvswap_check": True}, True), ({"kvswap_check": False}, False),
-                                       ({}, False), (None, False)])
+@pytest.mark.parametrize(
+    "extra, on",
+    [({"kvswap_check": True}, True), ({"kvswap_check": False}, False), ({}, False), (None, False)],
+)
 def test_vllm_extra_config_key_turns_checked_mode_on(extra, on):
     from torch_kvswap.integrations.vllm.compat import apply_check_option
 
@@ -468,7 +531,9 @@ def test_vllm_extra_config_key_turns_checked_mode_on(extra, on):
 def test_vllm_extra_config_check_key_must_be_a_boolean():
     from torch_kvswap.integrations.vllm.compat import apply_check_option
 
-    with pytest.raises(ValueError, match=r"kv_connector_extra_config\['kvswap_check'\] must be true or false, got 'yes'"):
+    with pytest.raises(
+        ValueError, match=r"kv_connector_extra_config\['kvswap_check'\] must be true or false, got 'yes'"
+    ):
         apply_check_option({"kvswap_check": "yes"})
     assert not torch_kvswap.is_checked()
 
@@ -495,7 +560,7 @@ def reference_refuses(src, dst, sizes, regions) -> bool:
     if not all(inside(s, s + z) and inside(d, d + z) for s, d, z in live):
         return True
     for i, (si, di, zi) in enumerate(live):
-        for j, (sj, dj, zj) in enumerate(live):
+        for j, (_sj, dj, zj) in enumerate(live):
             if i != j and di < dj + zj and dj < di + zi:
                 return True  # two destinations overlap
             if si < dj + zj and dj < si + zi:
@@ -520,7 +585,7 @@ def unsorted_case(seed: int):
     live = np.flatnonzero(sizes > 0)
     i, j = rng.choice(live, 2, replace=False)
     fault = int(rng.integers(0, 7))
-    if fault == 1:    # a destination onto another's last grain, or just after it
+    if fault == 1:  # a destination onto another's last grain, or just after it
         dst[i] = dst[j] + sizes[j] - GRAIN * int(rng.integers(0, 2))
     elif fault == 2:  # a destination ending on another's first grain, or just before it
         dst[i] = dst[j] - sizes[i] + GRAIN * int(rng.integers(0, 2))
@@ -545,8 +610,12 @@ def test_large_calls_in_any_order_get_the_reference_verdict():
         for seed in range(400):
             src, dst, sizes = unsorted_case(seed)
             expected = reference_refuses(src, dst, sizes, [(0, POOL)])
-            args = (torch.from_numpy(base + src), torch.from_numpy(base + dst),
-                    torch.from_numpy(sizes.astype(np.int64)), int(Direction.DEVICE_TO_DEVICE))
+            args = (
+                torch.from_numpy(base + src),
+                torch.from_numpy(base + dst),
+                torch.from_numpy(sizes.astype(np.int64)),
+                int(Direction.DEVICE_TO_DEVICE),
+            )
             try:
                 PLAN(*args)
                 refused = False
@@ -568,5 +637,9 @@ def test_a_large_call_that_fails_names_the_same_descriptors_as_a_small_one():
     dst[100] = dst[7] + block // 2  # descriptors 7 and 100 overlap
     with torch_kvswap.register_region(backing, side="device"), torch_kvswap.checked():
         with pytest.raises(ValueError, match="destinations of descriptors 7 and 100 overlap"):
-            PLAN(torch.from_numpy(base + src), torch.from_numpy(base + dst),
-                 torch.full((n,), block, dtype=torch.int64), int(Direction.DEVICE_TO_DEVICE))
+            PLAN(
+                torch.from_numpy(base + src),
+                torch.from_numpy(base + dst),
+                torch.full((n,), block, dtype=torch.int64),
+                int(Direction.DEVICE_TO_DEVICE),
+            )

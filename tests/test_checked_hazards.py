@@ -79,31 +79,43 @@ CELLS = {
     "store-store-host": (STORE_45_TO_1, ("store", 2, [6, 7], [1]), None),
     # pending store, new load
     "store-load-device": (
-        STORE_45_TO_1, ("load", 2, [0], [5, 6]),
+        STORE_45_TO_1,
+        ("load", 2, [0], [5, 6]),
         r"load job 2 writes device block 5 \(group 0\), which store job 1 still reads .*"
-        r"Load after job 1 is reported \(wait for it first\)"),
+        r"Load after job 1 is reported \(wait for it first\)",
+    ),
     "store-load-host": (
-        STORE_45_TO_1, ("load", 2, [1], [6, 7]),
+        STORE_45_TO_1,
+        ("load", 2, [1], [6, 7]),
         r"load job 2 reads host block 1 \(sub-block 0, group 0\), whose store job 1 has not been "
-        r"reported finished.*Load after job 1 is reported"),
+        r"reported finished.*Load after job 1 is reported",
+    ),
     # pending load, new store
     "load-store-device": (
-        LOAD_0_TO_45, ("store", 2, [5, 6], [2]),
+        LOAD_0_TO_45,
+        ("store", 2, [5, 6], [2]),
         r"store job 2 reads device block 5 \(group 0\), which load job 1 is still writing.*"
-        r"Store after job 1 is reported"),
+        r"Store after job 1 is reported",
+    ),
     "load-store-host": (
-        LOAD_0_TO_45, ("store", 2, [6, 7], [0]),
+        LOAD_0_TO_45,
+        ("store", 2, [6, 7], [0]),
         r"store job 2 writes host block 0 \(sub-block 0, group 0\), which load job 1 still reads"
-        r".*Store after job 1 is reported"),
+        r".*Store after job 1 is reported",
+    ),
     # pending load, new load: in order on one lane, unordered across the two load lanes
     "load-load-device-one-lane": (LOAD_0_TO_45, ("load", 2, [3], [5, 6]), None),
     "load-load-device-two-lanes": (
-        LOAD_0_TO_45, ("expedited", 2, [3], [5, 6]),
+        LOAD_0_TO_45,
+        ("expedited", 2, [3], [5, 6]),
         r"load job 2 writes device block 5 \(group 0\), which load job 1 of the load lane is "
-        r"still writing.*Load after job 1 is reported"),
+        r"still writing.*Load after job 1 is reported",
+    ),
     "expedited-load-device-two-lanes": (
-        ("expedited", 1, [0], [4, 5]), ("load", 2, [3], [5, 6]),
-        r"load job 2 writes device block 5 \(group 0\), which load job 1 of the expedited lane"),
+        ("expedited", 1, [0], [4, 5]),
+        ("load", 2, [3], [5, 6]),
+        r"load job 2 writes device block 5 \(group 0\), which load job 1 of the expedited lane",
+    ),
     "load-load-host": (LOAD_0_TO_45, ("expedited", 2, [0], [6, 7]), None),
 }
 

@@ -23,8 +23,7 @@ FACTOR = 2
 
 def caches(num_blocks=8, layers=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {f"l{i}": torch.randn((num_blocks, *BLOCK), generator=g).to(torch.float16)
-            for i in range(layers)}
+    return {f"l{i}": torch.randn((num_blocks, *BLOCK), generator=g).to(torch.float16) for i in range(layers)}
 
 
 def make(check=True, **kw):
@@ -64,22 +63,25 @@ def _mode_off():
 SCENARIOS = {
     "load-of-a-host-block-never-stored": (
         [("load", 7, [0, 1], [2], True)],
-        r"load job 7 reads host block 2 \(sub-block 0, group 0\), which holds nothing"),
+        r"load job 7 reads host block 2 \(sub-block 0, group 0\), which holds nothing",
+    ),
     "load-of-the-host-block-after-the-one-stored": (  # the off-by-one id
         [("store", 1, [0, 1], [2], True), ("load", 7, [0, 1], [3], True)],
-        r"load job 7 reads host block 3 .*which holds nothing"),
+        r"load job 7 reads host block 3 .*which holds nothing",
+    ),
     "load-before-its-store-is-reported": (
         [("store", 1, [4, 5], [2], True), ("load", 2, [0, 1], [2], False)],
         r"load job 2 reads host block 2 \(sub-block 0, group 0\), whose store job 1 has not been "
-        r"reported finished"),
+        r"reported finished",
+    ),
     "store-into-a-host-block-a-pending-load-reads": (
-        [("store", 1, [4, 5], [2], True), ("load", 2, [0, 1], [2], True),
-         ("store", 3, [6, 7], [2], False)],
-        r"store job 3 writes host block 2 \(sub-block 0, group 0\), which load job 2 still reads"),
+        [("store", 1, [4, 5], [2], True), ("load", 2, [0, 1], [2], True), ("store", 3, [6, 7], [2], False)],
+        r"store job 3 writes host block 2 \(sub-block 0, group 0\), which load job 2 still reads",
+    ),
     "store-of-device-blocks-a-pending-load-writes": (
-        [("store", 1, [4, 5], [2], True), ("load", 2, [0, 1], [2], True),
-         ("store", 3, [1, 2], [0], False)],
-        r"store job 3 reads device block 1 \(group 0\), which load job 2 is still writing"),
+        [("store", 1, [4, 5], [2], True), ("load", 2, [0, 1], [2], True), ("store", 3, [1, 2], [0], False)],
+        r"store job 3 reads device block 1 \(group 0\), which load job 2 is still writing",
+    ),
 }
 
 
@@ -188,16 +190,14 @@ def test_a_failed_store_leaves_its_host_blocks_empty():
 
 def test_groups_that_share_a_tensor_conflict_and_disjoint_groups_do_not():
     tensors = caches(layers=3)
-    with KVCacheOffloader(tensors, 16, 32, num_host_blocks=4, groups=[[0, 1], [1, 2]],
-                          check=True) as off:
+    with KVCacheOffloader(tensors, 16, 32, num_host_blocks=4, groups=[[0, 1], [1, 2]], check=True) as off:
         off.store(1, [0, 1, 2, 3], [0, 1], group_sizes=[2, 2])
         settle(off, 1)
         off.load(2, [0], [4, 5], group_sizes=[2, 0])  # group 0 reads host block 0
         with pytest.raises(ValueError, match=r"store job 3 writes host block 0 .*load job 2"):
             off.store(3, [6, 7], [0], group_sizes=[0, 2])  # group 1 shares tensor 1
         settle(off, 2)
-    with KVCacheOffloader(tensors, 16, 32, num_host_blocks=4, groups=[[0], [1, 2]],
-                          check=True) as off:
+    with KVCacheOffloader(tensors, 16, 32, num_host_blocks=4, groups=[[0], [1, 2]], check=True) as off:
         off.store(1, [0, 1, 2, 3], [0, 1], group_sizes=[2, 2])
         settle(off, 1)
         off.load(2, [0], [4, 5], group_sizes=[2, 0])
@@ -229,15 +229,25 @@ def test_the_offloader_registers_its_caches_and_mirrors_and_drops_them_with_itse
     # The pointer op, checked, may copy between them, and nowhere else.
     cache, mirror = off.device_tensors[0], off.host_tensors[0]
     nbytes = cache[0].numel() * cache.element_size()
-    ptrs = lambda a: torch.tensor([a], dtype=torch.int64)  # noqa: E731
+
+    def ptrs(a):
+        return torch.tensor([a], dtype=torch.int64)
+
     with torch_kvswap.checked():
-        torch_kvswap.swap_blocks_batch(ptrs(cache[3].data_ptr()), ptrs(mirror[5].data_ptr()),
-                                       ptrs(nbytes), torch_kvswap.Direction.DEVICE_TO_HOST)
+        torch_kvswap.swap_blocks_batch(
+            ptrs(cache[3].data_ptr()),
+            ptrs(mirror[5].data_ptr()),
+            ptrs(nbytes),
+            torch_kvswap.Direction.DEVICE_TO_HOST,
+        )
         assert torch.equal(mirror[5], cache[3])
         with pytest.raises(ValueError, match="'host mirror 0'"):
-            torch_kvswap.swap_blocks_batch(ptrs(cache[3].data_ptr()),
-                                           ptrs(mirror[mirror.shape[0] - 1].data_ptr() + nbytes),
-                                           ptrs(nbytes), torch_kvswap.Direction.DEVICE_TO_HOST)
+            torch_kvswap.swap_blocks_batch(
+                ptrs(cache[3].data_ptr()),
+                ptrs(mirror[mirror.shape[0] - 1].data_ptr() + nbytes),
+                ptrs(nbytes),
+                torch_kvswap.Direction.DEVICE_TO_HOST,
+            )
     before = len(labels())
     off.shutdown()
     del off, cache, mirror
@@ -271,8 +281,12 @@ def test_random_jobs_that_keep_the_contract_are_never_refused(seed):
             loading_h = set().union(*busy_host.values()) if busy_host else set()
             loading_d = set().union(*busy_dev.values()) if busy_dev else set()
             storing_d = set().union(*store_dev.values()) if store_dev else set()
-            if h in stored and h not in storing.values() and rng.random() < 0.5 \
-                    and not set(dev) & (loading_d | storing_d):
+            if (
+                h in stored
+                and h not in storing.values()
+                and rng.random() < 0.5
+                and not set(dev) & (loading_d | storing_d)
+            ):
                 off.load(job, [h], dev)
                 busy_host[job], busy_dev[job] = {h}, set(dev)
             elif h not in loading_h and not set(dev) & loading_d and h not in storing.values():

@@ -35,7 +35,10 @@ def filled(blocks: int, seed: int) -> torch.Tensor:
 
 def to_device(src: torch.Tensor, address: int) -> None:
     """One block from host tensor ``src`` to ``address``, checked."""
-    as_t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
+
+    def as_t(v):
+        return torch.tensor([v], dtype=torch.int64)
+
     with torch_kvswap.checked():
         OP(as_t(src.data_ptr()), as_t(address), as_t(BLOCK), int(Direction.HOST_TO_DEVICE))
 
@@ -53,9 +56,12 @@ def test_after_resize_reallocates_the_old_bytes_are_refused_and_the_new_ones_cop
     with torch_kvswap.register_region(cache, side="device", label="cache"):
         cache.resize_(64, BLOCK)  # more than the storage holds: reallocated, the old bytes freed
         assert cache.data_ptr() != old
-        with pytest.raises(ValueError, match=r"dst_ptrs\[0\] = 0x[0-9a-f]+ .* those bytes were "
-                           r"region 'cache' \[.*\) until its storage was reallocated or shrunk "
-                           r".*: they are at \[.*\) now\. Aim the copy at the tensor's current"):
+        with pytest.raises(
+            ValueError,
+            match=r"dst_ptrs\[0\] = 0x[0-9a-f]+ .* those bytes were "
+            r"region 'cache' \[.*\) until its storage was reallocated or shrunk "
+            r".*: they are at \[.*\) now\. Aim the copy at the tensor's current",
+        ):
             to_device(source, old + 3 * BLOCK)
         to_device(source, cache[3].data_ptr())  # the region followed its storage
         assert torch.equal(cache[3], source[0])
@@ -69,8 +75,11 @@ def test_after_the_storage_is_resized_to_nothing_its_old_bytes_are_refused(sourc
     old = cache.data_ptr()
     with torch_kvswap.register_region(cache, side="device", label="cache"):
         cache.untyped_storage().resize_(0)
-        with pytest.raises(ValueError, match=r"those bytes were region 'cache' .* it holds none "
-                           r"of them now"):
+        with pytest.raises(
+            ValueError,
+            match=r"those bytes were region 'cache' .* it holds none "
+            r"of them now",
+        ):
             to_device(source, old)
         assert "device:cache" not in torch.ops.kvswap._region_labels()
         cache.untyped_storage().resize_(8 * BLOCK)
@@ -113,11 +122,13 @@ def test_the_offloaders_regions_follow_the_storages_of_its_caches_and_mirrors(so
         with pytest.raises(ValueError, match="those bytes were region 'device cache 0'"):
             to_device(source, old_cache)
         del cache, mirror
+
     # shutdown unmapped the mirrors: their region no longer vouches for those bytes
-    as_t = lambda v: torch.tensor([v], dtype=torch.int64)  # noqa: E731
-    with torch_kvswap.checked(), pytest.raises(ValueError, match="0x%x" % old_mirror):
-        OP(as_t(tensors[1][0].data_ptr()), as_t(old_mirror), as_t(BLOCK),
-           int(Direction.DEVICE_TO_HOST))
+    def as_t(v):
+        return torch.tensor([v], dtype=torch.int64)
+
+    with torch_kvswap.checked(), pytest.raises(ValueError, match=f"0x{old_mirror:x}"):
+        OP(as_t(tensors[1][0].data_ptr()), as_t(old_mirror), as_t(BLOCK), int(Direction.DEVICE_TO_HOST))
 
 
 # --- registering many regions -----------------------------------------------------------

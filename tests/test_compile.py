@@ -25,8 +25,9 @@ def rotation_descriptors(slots: torch.Tensor, scratch: torch.Tensor):
     t = scratch.data_ptr()
     steps = [(s[0], t), (s[1], s[0]), (s[2], s[1]), (t, s[2])]
     size = torch.tensor([row], dtype=torch.int64)
-    return [(torch.tensor([a], dtype=torch.int64), torch.tensor([b], dtype=torch.int64), size)
-            for a, b in steps]
+    return [
+        (torch.tensor([a], dtype=torch.int64), torch.tensor([b], dtype=torch.int64), size) for a, b in steps
+    ]
 
 
 def test_pointer_op_runs_once_per_call_in_program_order(fresh_compile):
@@ -104,9 +105,11 @@ def allocated_sizes(code: str) -> list[int | None]:
 
 
 def test_allocated_sizes_reads_every_spelling():
-    code = ("buf0 = empty_strided_cpu((185, ), (1, ), torch.float32)\n"
-            "buf1 = empty_strided_cuda((37, 5), (5, 1), torch.float32)\n"
-            "buf2 = empty_strided((), (), device='cpu')\nbuf3 = torch.empty([4, s0])")
+    code = (
+        "buf0 = empty_strided_cpu((185, ), (1, ), torch.float32)\n"
+        "buf1 = empty_strided_cuda((37, 5), (5, 1), torch.float32)\n"
+        "buf2 = empty_strided((), (), device='cpu')\nbuf3 = torch.empty([4, s0])"
+    )
     assert allocated_sizes(code) == [185, 185, 1, None]
 
 
@@ -130,8 +133,9 @@ def test_tensor_op_sees_earlier_writes_and_writes_the_destination_in_place(backe
         # A clone of the destination, in whatever shape Inductor allocates it
         # ((37, 5), or flat (185,)), is a buffer as large as the destination.
         sizes = allocated_sizes(code)
-        assert all(n is not None and n < dst.numel() for n in sizes), \
+        assert all(n is not None and n < dst.numel() for n in sizes), (
             f"the generated code allocates {sizes} elements; the destination has {dst.numel()}"
+        )
     else:
         compiled(src, dst, src_ids, dst_ids)
     src.fill_(1.0)
@@ -143,8 +147,10 @@ def test_tensor_op_sees_earlier_writes_and_writes_the_destination_in_place(backe
     assert not [n for n in clones if n >= dst.numel()], f"{backend} cloned {clones} elements per call"
 
 
-@pytest.mark.skipif(not SHARED_DESTINATIONS_COMPILE, reason="before torch 2.13 two destinations in "
-                    "one storage are refused at once (test_compile_matrix.py)")
+@pytest.mark.skipif(
+    not SHARED_DESTINATIONS_COMPILE,
+    reason="before torch 2.13 two destinations in one storage are refused at once (test_compile_matrix.py)",
+)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_tensor_op_writes_in_place_under_every_backend(backend, fresh_compile):
     # The halves of a stacked [2, num_blocks, ...] cache are views of one
@@ -188,8 +194,10 @@ def test_other_mutating_ops_keep_torchs_behaviour_under_aot_eager(fresh_compile)
     assert x.numel() in clones, clones
 
 
-@pytest.mark.skipif(not SHARED_DESTINATIONS_COMPILE, reason="before torch 2.13 two destinations in "
-                    "one storage are refused at once (test_compile_matrix.py)")
+@pytest.mark.skipif(
+    not SHARED_DESTINATIONS_COMPILE,
+    reason="before torch 2.13 two destinations in one storage are refused at once (test_compile_matrix.py)",
+)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_graphs_give_what_eager_mode_gives(backend, fresh_compile):
     # Reads of a destination before and after the op, another write to it in
@@ -282,13 +290,16 @@ def test_tensor_op_with_an_empty_cache_traces_like_eager(fresh_compile):
     assert step(src, dst, empty, empty).item() == 0.0
 
 
-@pytest.mark.skipif(not SHARED_DESTINATIONS_COMPILE, reason="before torch 2.13 two destinations in "
-                    "one storage are refused at once (test_compile_matrix.py)")
+@pytest.mark.skipif(
+    not SHARED_DESTINATIONS_COMPILE,
+    reason="before torch 2.13 two destinations in one storage are refused at once (test_compile_matrix.py)",
+)
 def test_dynamic_storage_offset_of_a_destination_is_refused_and_nothing_lost(fresh_compile):
     # The V half of a [2, num_blocks, ...] cache starts at a storage offset that
     # becomes dynamic on a recompile after a size change; Inductor wrote it at offset 0.
-    halves = torch.compile(lambda s0, s1, d0, d1, i, j: torch_kvswap.swap_blocks(
-        [s0, s1], [d0, d1], i, j), fullgraph=True)
+    halves = torch.compile(
+        lambda s0, s1, d0, d1, i, j: torch_kvswap.swap_blocks([s0, s1], [d0, d1], i, j), fullgraph=True
+    )
     src = (torch.ones(4, 4), torch.full((4, 4), 2.0))
     one = torch.tensor([0])
     kv = torch.zeros(2, 8, 4)
@@ -297,7 +308,10 @@ def test_dynamic_storage_offset_of_a_destination_is_refused_and_nothing_lost(fre
     kv = torch.zeros(2, 16, 4)
     kv[1] = 7.0
     before = kv.clone()
-    with pytest.raises(Exception, match=r"dst_caches\[1\] starts at a storage offset that "
-                                        r"torch.compile treats as dynamic"):
+    with pytest.raises(
+        Exception,
+        match=r"dst_caches\[1\] starts at a storage offset that "
+        r"torch.compile treats as dynamic",
+    ):
         halves(*src, kv[0], kv[1], one, one)
     assert torch.equal(kv, before)

@@ -61,7 +61,9 @@ def test_in_place_hook_is_installed_exactly_where_torch_allows_it():
 
 def test_installing_the_in_place_hook_again_wraps_nothing_twice():
     before = eager_kernel()
-    assert _compile_hooks._keep_swap_blocks_in_place() == _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR
+    assert (
+        _compile_hooks._keep_swap_blocks_in_place() == _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR
+    )
     assert eager_kernel() is before
 
 

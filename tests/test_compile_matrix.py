@@ -21,10 +21,10 @@ SOURCE_BLOCKS = 4
 
 # The calls each mode makes, in order: (num_blocks of the cache, number of ids).
 CALLS = {
-    "static": [(8, 2), (8, 3), (8, 0)],         # compiled with dynamic=False
-    "recompile": [(8, 2), (16, 3), (16, 0)],    # default shapes: the new size recompiles dynamic
-    "dynamic": [(8, 2), (16, 3), (16, 0)],      # dynamic=True
-    "mark_dynamic": [(8, 2), (16, 3), (16, 0)], # dim 0 of every destination marked dynamic
+    "static": [(8, 2), (8, 3), (8, 0)],  # compiled with dynamic=False
+    "recompile": [(8, 2), (16, 3), (16, 0)],  # default shapes: the new size recompiles dynamic
+    "dynamic": [(8, 2), (16, 3), (16, 0)],  # dynamic=True
+    "mark_dynamic": [(8, 2), (16, 3), (16, 0)],  # dim 0 of every destination marked dynamic
 }
 
 
@@ -45,19 +45,22 @@ def expected(backend: str, mode: str, layout: str, call: int) -> str:
 
 REFUSALS = {
     "refused: shared": r"dst_caches\[0\] and dst_caches\[1\] share one storage.*Keep K and V "
-                       r"in separate tensors",
+    r"in separate tensors",
     "refused: dynamic offset": r"dst_caches\[1\] starts at a storage offset that torch.compile "
-                               r"treats as dynamic.*Compile with dynamic=False, or keep K and V "
-                               r"in separate tensors",
+    r"treats as dynamic.*Compile with dynamic=False, or keep K and V "
+    r"in separate tensors",
 }
 
 
 def wholes(layout: str, num_blocks: int) -> list[torch.Tensor]:
     """The cache tensors as allocated, filled with bytes no source holds."""
-    shapes = {"separate": [(num_blocks, WIDTH)] * 2, "num_blocks_2": [(num_blocks, 2, WIDTH)],
-              "2_num_blocks": [(2, num_blocks, WIDTH)], "mla": [(num_blocks, WIDTH)]}[layout]
-    return [-torch.arange(1, 1 + torch.Size(s).numel(), dtype=torch.float32).view(s)
-            for s in shapes]
+    shapes = {
+        "separate": [(num_blocks, WIDTH)] * 2,
+        "num_blocks_2": [(num_blocks, 2, WIDTH)],
+        "2_num_blocks": [(2, num_blocks, WIDTH)],
+        "mla": [(num_blocks, WIDTH)],
+    }[layout]
+    return [-torch.arange(1, 1 + torch.Size(s).numel(), dtype=torch.float32).view(s) for s in shapes]
 
 
 def destinations(layout: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -102,8 +105,10 @@ def test_swap_blocks_is_exact_or_refused_with_nothing_written(backend, mode, lay
     for call, (num_blocks, n) in enumerate(CALLS[mode]):
         caches = wholes(layout, num_blocks)
         dsts = destinations(layout, caches)
-        srcs = [torch.arange(SOURCE_BLOCKS * WIDTH, dtype=torch.float32).view(-1, WIDTH) + 100 * i
-                for i in range(len(dsts))]
+        srcs = [
+            torch.arange(SOURCE_BLOCKS * WIDTH, dtype=torch.float32).view(-1, WIDTH) + 100 * i
+            for i in range(len(dsts))
+        ]
         src_ids, dst_ids = ids(n, num_blocks)
         if mode == "mark_dynamic":
             for d in dsts:
@@ -124,8 +129,12 @@ def test_swap_blocks_is_exact_or_refused_with_nothing_written(backend, mode, lay
 
 def test_before_torch_2_13_two_destinations_in_one_storage_are_refused(fresh_compile, monkeypatch):
     monkeypatch.setattr(torch_kvswap.fake_kernels, "SHARED_DESTINATIONS_COMPILE", False)
-    fn = torch.compile(lambda s, d, i, j: torch_kvswap.swap_blocks(s, d, i, j), backend="aot_eager",
-                       fullgraph=True, dynamic=False)
+    fn = torch.compile(
+        lambda s, d, i, j: torch_kvswap.swap_blocks(s, d, i, j),
+        backend="aot_eager",
+        fullgraph=True,
+        dynamic=False,
+    )
     kv = wholes("num_blocks_2", 8)
     before = as_bytes(kv)
     srcs = [torch.zeros(SOURCE_BLOCKS, WIDTH), torch.ones(SOURCE_BLOCKS, WIDTH)]

@@ -28,10 +28,11 @@ import torch_kvswap
 from helpers import ids
 
 try:
-    import torch_kvswap._fake_cuda  # noqa: F401
+    import torch_kvswap._fake_cuda
 except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
-    pytest.skip(f"torch_kvswap._fake_cuda is not built ({exc}); run bash scripts/test.sh",
-                allow_module_level=True)
+    pytest.skip(
+        f"torch_kvswap._fake_cuda is not built ({exc}); run bash scripts/test.sh", allow_module_level=True
+    )
 
 F = torch.ops.kvswap_fake_cuda
 CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
@@ -103,8 +104,10 @@ def set_ids(t, values):
 @contextlib.contextmanager
 def captured(stream, mode=GLOBAL):
     """Captures on `stream`; yields a holder whose .graph is the instantiated graph."""
+
     class Holder:
         graph = None
+
     holder = Holder()
     assert F.begin_capture(stream, mode) == "cudaSuccess"
     try:
@@ -231,8 +234,9 @@ def test_pointer_op_engine_call(fake, direction, capture, legacy):
     sizes = torch.tensor([4096, 4096])
 
     def submit():
-        torch.ops.kvswap._submit.default.redispatch(CUDA, sp, dp, sizes, direction, 8192,
-                                                   torch.device("cuda", 0))
+        torch.ops.kvswap._submit.default.redispatch(
+            CUDA, sp, dp, sizes, direction, 8192, torch.device("cuda", 0)
+        )
 
     if capture and legacy:
         return  # the legacy stream cannot capture
@@ -259,8 +263,14 @@ def test_pointer_op_on_pageable_memory_under_capture_is_the_runtimes_error(fake)
     with captured(stream) as cap:
         with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnsupported"):
             torch.ops.kvswap._submit.default.redispatch(
-                CUDA, torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]),
-                torch.tensor([4096]), 1, 4096, torch.device("cuda", 0))
+                CUDA,
+                torch.tensor([src.data_ptr()]),
+                torch.tensor([dst.data_ptr()]),
+                torch.tensor([4096]),
+                1,
+                4096,
+                torch.device("cuda", 0),
+            )
         assert F.last_error(True) == "cudaSuccess"  # cleared by the engine
     assert cap.error == "cudaErrorStreamCaptureInvalidated"
 
@@ -343,8 +353,15 @@ def test_finding_2_an_unsupported_batch_api_latches_per_descriptor_copies(fake, 
     F.synchronize(stream1)
 
 
-@pytest.mark.parametrize("fault,value", [("driver_version", 12040), ("runtime_version", 12060),
-                                         ("batch_absent", 1), ("fail:cudaDriverGetVersion", 3)])
+@pytest.mark.parametrize(
+    "fault,value",
+    [
+        ("driver_version", 12040),
+        ("runtime_version", 12060),
+        ("batch_absent", 1),
+        ("fail:cudaDriverGetVersion", 3),
+    ],
+)
 def test_finding_2_the_batch_api_is_resolved_at_run_time(fake, fault, value, capfd, recwarn):
     stream = side_stream()
     F.set_fault(fault, value)
@@ -407,7 +424,7 @@ def test_finding_5_pointer_attributes_once_per_host_storage_with_the_device_curr
     assert F.current_device() == 0
     dev = caches(2048, 8, "device", pairs=4, device=1)
     mirror = F.pinned_copy(torch.zeros(4 * 8 * 2048, dtype=torch.uint8))
-    host = [mirror[i * 8 * 2048:(i + 1) * 8 * 2048].view(8, 2048) for i in range(4)]  # one storage
+    host = [mirror[i * 8 * 2048 : (i + 1) * 8 * 2048].view(8, 2048) for i in range(4)]  # one storage
     torch_kvswap.set_copy_method("kernel")
     torch_kvswap.swap_blocks(dev, host, torch.tensor([1, 2]), torch.tensor([3, 4]))
     lines = [line for line in F.call_log() if line.startswith("cudaPointerGetAttributes")]
@@ -518,13 +535,16 @@ def test_kernel_path_skips_device_ids_out_of_range(fake):
 # --- errors: every failure names its call and leaves no last error ----------------------
 
 
-@pytest.mark.parametrize("api,method,match", [
-    ("cudaMemcpyAsync", "dma", "descriptor 0"),
-    ("cudaMemcpyBatchAsync", "dma", "cudaMemcpyBatchAsync failed"),
-    ("cudaLaunchKernel", "kernel", "launching the block copy kernel"),
-    ("cudaStreamIsCapturing", "dma", "cudaStreamIsCapturing|stream_is_capturing"),
-    ("cudaEventRecord", "dma", "event_record"),
-])
+@pytest.mark.parametrize(
+    "api,method,match",
+    [
+        ("cudaMemcpyAsync", "dma", "descriptor 0"),
+        ("cudaMemcpyBatchAsync", "dma", "cudaMemcpyBatchAsync failed"),
+        ("cudaLaunchKernel", "kernel", "launching the block copy kernel"),
+        ("cudaStreamIsCapturing", "dma", "cudaStreamIsCapturing|stream_is_capturing"),
+        ("cudaEventRecord", "dma", "event_record"),
+    ],
+)
 def test_runtime_failures_are_reported_and_cleared(fake, api, method, match):
     legacy = api == "cudaMemcpyAsync"
     if not legacy:
@@ -591,8 +611,11 @@ def test_a_per_copy_failure_names_the_descriptors_already_queued_and_they_land(f
     want = expected(src, dst, torch.tensor([0, 2]), torch.tensor([1, 3]))
     torch_kvswap.set_copy_method("dma")
     F.set_fault("memcpy_fail_at", 2)
-    with pytest.raises(RuntimeError, match=r"descriptor 2: .*descriptors 0\.\.1 of this call's 4 were queued "
-                                           r"before the failure and will still run; descriptors 2\.\.3 were not"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"descriptor 2: .*descriptors 0\.\.1 of this call's 4 were queued "
+        r"before the failure and will still run; descriptors 2\.\.3 were not",
+    ):
         torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 2, 4, 6]), torch.tensor([1, 3, 5, 7]))
     assert F.synchronize(0) == "cudaSuccess"
     assert torch.equal(F.host_view(dst[0]), want[0])
@@ -631,15 +654,27 @@ def test_a_failed_batch_says_its_copies_may_have_been_queued(fake):
     assert "nothing was copied" not in str(info.value)
 
 
-@pytest.mark.parametrize("fail_at,match", [
-    (0, r"\(nothing was copied\)$"),
-    (1, r"ids 0\.\.383 of pairs 16\.\.19; earlier launches of this call were queued and will still run: "
-        r"they copy ids 0\.\.383 of pairs 0\.\.15; the rest was not queued"),
-    (2, r"ids 384\.\.499 of pairs 0\.\.15; earlier launches of this call were queued and will still run: "
-        r"they copy ids 0\.\.383 of every pair; the rest was not queued"),
-    (3, r"ids 384\.\.499 of pairs 16\.\.19; earlier launches .* they copy ids 0\.\.383 of every pair, "
-        r"and ids 384\.\.499 of pairs 0\.\.15; the rest"),
-])
+@pytest.mark.parametrize(
+    "fail_at,match",
+    [
+        (0, r"\(nothing was copied\)$"),
+        (
+            1,
+            r"ids 0\.\.383 of pairs 16\.\.19; earlier launches of this call were queued and will still run: "
+            r"they copy ids 0\.\.383 of pairs 0\.\.15; the rest was not queued",
+        ),
+        (
+            2,
+            r"ids 384\.\.499 of pairs 0\.\.15; earlier launches of this call were queued and will still run: "
+            r"they copy ids 0\.\.383 of every pair; the rest was not queued",
+        ),
+        (
+            3,
+            r"ids 384\.\.499 of pairs 16\.\.19; earlier launches .* they copy ids 0\.\.383 of every pair, "
+            r"and ids 384\.\.499 of pairs 0\.\.15; the rest",
+        ),
+    ],
+)
 def test_a_kernel_launch_failure_names_the_launches_already_queued(fake, fail_at, match):
     """20 pairs, 500 host ids in 4 KiB parameters: 384 ids x 16 pairs per launch, 4 launches."""
     F.set_fault("large_params_absent", 1)
@@ -666,6 +701,7 @@ def test_host_register_pins_in_place_and_releases(fake):
             return torch.ops.kvswap._host_mapped.default.redispatch(CUDA, tensors, device)
 
         _host_register = torch.ops.kvswap._host_register
+
     assert not Ops._host_mapped([buffer], dev)
     Ops._host_register(buffer, dev, True)
     assert Ops._host_mapped([buffer], dev)
@@ -693,7 +729,9 @@ def test_engine_argument_checks(fake):
         kernel.redispatch(CUDA, dev, host, torch.tensor([0.0]), torch.tensor([1]))
     with pytest.raises(ValueError, match="differ in length"):
         kernel.redispatch(CUDA, dev, host, torch.tensor([0, 1]), torch.tensor([1]))
-    kernel.redispatch(CUDA, dev, host, torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64))
+    kernel.redispatch(
+        CUDA, dev, host, torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)
+    )
     assert F.launches() == []
 
 
@@ -704,11 +742,13 @@ def test_engine_overhead_against_a_no_op_runtime(fake):
     slope_each = (each_many - each_call) / 4095  # engine loop + one no-op runtime call
     per_descriptor_each = slope_each - noop_call
     per_descriptor_batch = (batch_many - batch_call) / 4095
-    print(f"engine overhead (ns): batch call {batch_call:.0f}, per-descriptor call {each_call:.0f}, "
-          f"kernel call {kernel_call:.0f}; per descriptor: batch {per_descriptor_batch:.2f}, "
-          f"per-descriptor path {slope_each:.2f} with its runtime call, {per_descriptor_each:.2f} beyond "
-          f"a separately timed no-op call ({noop_call:.2f}); "
-          f"kernel per host id {(kernel_many - kernel_call) / 4095:.2f}")
+    print(
+        f"engine overhead (ns): batch call {batch_call:.0f}, per-descriptor call {each_call:.0f}, "
+        f"kernel call {kernel_call:.0f}; per descriptor: batch {per_descriptor_batch:.2f}, "
+        f"per-descriptor path {slope_each:.2f} with its runtime call, {per_descriptor_each:.2f} beyond "
+        f"a separately timed no-op call ({noop_call:.2f}); "
+        f"kernel per host id {(kernel_many - kernel_call) / 4095:.2f}"
+    )
     # Loose bounds for a shared CI machine; the goals (1 us, 1 ns) are checked in performance.md.
     assert batch_call < 20_000 and each_call < 20_000
 
@@ -835,8 +875,9 @@ def test_the_fake_refuses_the_pointer_query_under_global_capture_in_that_mode(fa
     assert F.pointer_query(buffer.data_ptr()) == "cudaSuccess"  # legal outside capture
 
 
-@pytest.mark.parametrize("fault,value,batch", [(None, 0, True), ("runtime_version", 12060, False),
-                                               ("batch_absent", 1, False)])
+@pytest.mark.parametrize(
+    "fault,value,batch", [(None, 0, True), ("runtime_version", 12060, False), ("batch_absent", 1, False)]
+)
 def test_environment_report_says_what_the_engine_uses_on_the_device(fake, fault, value, batch):
     if fault:
         F.set_fault(fault, value)
@@ -854,14 +895,17 @@ def test_environment_report_says_what_the_engine_uses_on_the_device(fake, fault,
 LARGE, SMALL = 32752, 4016  # sizeof the two parameter blocks (copy_kernel.h)
 
 
-@pytest.mark.parametrize("fault,value,param_bytes,launches", [
-    (None, 0, LARGE, 2),                       # 4,081 host ids per launch
-    ("runtime_version", 12000, SMALL, 9),      # 489 per launch
-    ("driver_version", 12000, SMALL, 9),
-    ("compute_major", 6, SMALL, 9),
-    ("large_params_absent", 1, SMALL, 9),
-    ("fail:cudaDeviceGetAttribute", 101, SMALL, 9),
-])
+@pytest.mark.parametrize(
+    "fault,value,param_bytes,launches",
+    [
+        (None, 0, LARGE, 2),  # 4,081 host ids per launch
+        ("runtime_version", 12000, SMALL, 9),  # 489 per launch
+        ("driver_version", 12000, SMALL, 9),
+        ("compute_major", 6, SMALL, 9),
+        ("large_params_absent", 1, SMALL, 9),
+        ("fail:cudaDeviceGetAttribute", 101, SMALL, 9),
+    ],
+)
 def test_launches_per_4096_host_ids_with_each_parameter_limit(fake, fault, value, param_bytes, launches):
     if fault:
         F.set_fault(fault, value)
@@ -881,13 +925,16 @@ def test_launches_per_4096_host_ids_with_each_parameter_limit(fake, fault, value
     assert F.last_error(True) == "cudaSuccess"
 
 
-@pytest.mark.parametrize("pairs,inline,large,launches", [
-    (16, "both", True, 2),     # 3,976 ids per launch, all 16 pairs in each
-    (16, "both", False, 11),   # 384 ids per launch
-    (1, "dst", True, 1),       # device src ids, host dst ids: 8,162 per launch
-    (1, "dst", False, 5),      # 978 per launch
-    (1, "none", False, 1),     # device ids: one launch whatever the count
-])
+@pytest.mark.parametrize(
+    "pairs,inline,large,launches",
+    [
+        (16, "both", True, 2),  # 3,976 ids per launch, all 16 pairs in each
+        (16, "both", False, 11),  # 384 ids per launch
+        (1, "dst", True, 1),  # device src ids, host dst ids: 8,162 per launch
+        (1, "dst", False, 5),  # 978 per launch
+        (1, "none", False, 1),  # device ids: one launch whatever the count
+    ],
+)
 def test_launch_counts_for_pairs_and_id_placement(fake, pairs, inline, large, launches):
     if not large:
         F.set_fault("large_params_absent", 1)
@@ -907,12 +954,15 @@ def test_launch_counts_for_pairs_and_id_placement(fake, pairs, inline, large, la
     assert all(torch.equal(d, w) for d, w in zip(dst, want))
 
 
-@pytest.mark.parametrize("fault,value,answer", [
-    (None, 0, "cudaSuccess"),
-    ("driver_version", 12000, "cudaErrorNotSupported"),
-    ("runtime_version", 12000, "cudaErrorNotSupported"),
-    ("compute_major", 6, "cudaErrorNotSupported"),
-])
+@pytest.mark.parametrize(
+    "fault,value,answer",
+    [
+        (None, 0, "cudaSuccess"),
+        ("driver_version", 12000, "cudaErrorNotSupported"),
+        ("runtime_version", 12000, "cudaErrorNotSupported"),
+        ("compute_major", 6, "cudaErrorNotSupported"),
+    ],
+)
 def test_the_fake_enforces_the_parameter_limit(fake, fault, value, answer):
     """More than 4 KiB of parameters needs a 12.1+ driver and runtime and sm_70+."""
     if fault:
@@ -930,8 +980,9 @@ def test_after_a_sticky_error_every_call_answers_it(fake):
     (dev,) = caches(2048, 4, "device", pairs=1, seed=43)
     pageable = torch.zeros(4, 2048, dtype=torch.uint8)
     # The kernel on pageable memory (the core would refuse it): an illegal address when it runs.
-    torch.ops.kvswap._swap_blocks_kernel.default.redispatch(CUDA, [dev], [pageable], torch.tensor([0]),
-                                                            torch.tensor([1]))
+    torch.ops.kvswap._swap_blocks_kernel.default.redispatch(
+        CUDA, [dev], [pageable], torch.tensor([0]), torch.tensor([1])
+    )
     assert F.synchronize(stream) == "cudaErrorIllegalAddress"
     assert F.violations() == ["kernel: touched memory the device cannot address"]
     assert F.last_error(False) == "cudaErrorIllegalAddress"
@@ -939,8 +990,11 @@ def test_after_a_sticky_error_every_call_answers_it(fake):
     (pinned,) = caches(2048, 4, "pinned", pairs=1, seed=44)
     for method in ("auto", "dma", "kernel"):
         torch_kvswap.set_copy_method(method)
-        with pytest.raises(RuntimeError, match=r"kvswap CUDA engine: .*stream_is_capturing.* failed: "
-                                               r"cudaErrorIllegalAddress"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"kvswap CUDA engine: .*stream_is_capturing.* failed: "
+            r"cudaErrorIllegalAddress",
+        ):
             torch_kvswap.swap_blocks([dev], [pinned], torch.tensor([0]), torch.tensor([1]))
     kernel = torch.ops.kvswap._swap_blocks_kernel.default
     with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. launching the block copy kernel"):
@@ -948,9 +1002,17 @@ def test_after_a_sticky_error_every_call_answers_it(fake):
     F.set_stream(0, 0)  # the legacy stream: per descriptor
     with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. descriptor 0: "):
         torch.ops.kvswap._submit.default.redispatch(
-            CUDA, torch.tensor([dev.data_ptr()]), torch.tensor([pinned.data_ptr()]), torch.tensor([2048]),
-            1, 2048, torch.device("cuda", 0))
-    with pytest.raises(RuntimeError, match=r"cudaPointerGetAttributes failed: cudaErrorIllegalAddress.* is mapped for cuda:0"):
+            CUDA,
+            torch.tensor([dev.data_ptr()]),
+            torch.tensor([pinned.data_ptr()]),
+            torch.tensor([2048]),
+            1,
+            2048,
+            torch.device("cuda", 0),
+        )
+    with pytest.raises(
+        RuntimeError, match=r"cudaPointerGetAttributes failed: cudaErrorIllegalAddress.* is mapped for cuda:0"
+    ):
         torch.ops.kvswap._host_mapped.default.redispatch(CUDA, [pinned], torch.device("cuda", 0))
     with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. pinning 4096 host bytes"):
         torch.ops.kvswap._host_register(torch.zeros(4096, dtype=torch.uint8), torch.device("cuda", 0), True)
@@ -966,13 +1028,22 @@ def test_an_invalidated_capture_answers_901_to_further_work(fake):
     with captured(stream) as cap:
         assert F.synchronize(stream) == "cudaErrorStreamCaptureUnsupported"  # sync: illegal, invalidates
         assert torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))  # still inside the capture
-        with pytest.raises(RuntimeError, match=r"cudaErrorStreamCaptureInvalidated.*\. "
-                                               r"launching the block copy kernel"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"cudaErrorStreamCaptureInvalidated.*\. "
+            r"launching the block copy kernel",
+        ):
             torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
         with pytest.raises(RuntimeError, match=r"cudaErrorStreamCaptureInvalidated.*\. descriptor 0: "):
             torch.ops.kvswap._submit.default.redispatch(
-                CUDA, torch.tensor([src[0].data_ptr()]), torch.tensor([dst[0].data_ptr()]),
-                torch.tensor([2048]), 0, 2048, torch.device("cuda", 0))
+                CUDA,
+                torch.tensor([src[0].data_ptr()]),
+                torch.tensor([dst[0].data_ptr()]),
+                torch.tensor([2048]),
+                0,
+                2048,
+                torch.device("cuda", 0),
+            )
         assert F.last_error(True) == "cudaSuccess"
     assert cap.error == "cudaErrorStreamCaptureInvalidated"
     assert F.launches() == []  # nothing was recorded after the invalidation
@@ -994,12 +1065,12 @@ def test_unchecked_device_ids_never_write_outside_the_named_blocks(fake, seed, o
     g = torch.Generator().manual_seed(100 + seed)
     blocks, bb = 8, 2048
     whole = F.device_copy(torch.randint(0, 255, (blocks + 2, bb), generator=g, dtype=torch.uint8))
-    cache = whole[1:blocks + 1]  # rows 0 and blocks + 1 guard the cache's ends
+    cache = whole[1 : blocks + 1]  # rows 0 and blocks + 1 guard the cache's ends
     if overlap:
         src, dst = cache, cache
     else:
         host = F.pinned_copy(torch.randint(0, 255, (blocks + 2, bb), generator=g, dtype=torch.uint8))
-        src, dst = host[1:blocks + 1], cache
+        src, dst = host[1 : blocks + 1], cache
     n = 12
     sid = torch.randint(-2, blocks + 2, (n,), generator=g)
     did = torch.randint(-2, blocks + 2, (n,), generator=g)
@@ -1056,15 +1127,18 @@ def _sync_call(kind, buffer, device_buffer):
 
 
 @pytest.mark.parametrize("kind", ["cudaMemcpy", "cudaStreamSynchronize", "cudaHostRegister"])
-@pytest.mark.parametrize("capture_mode,my_mode,own,legal", [
-    (GLOBAL, GLOBAL, True, False),            # this thread captures: unsafe calls prohibited
-    (THREAD_LOCAL, GLOBAL, True, False),
-    (RELAXED, GLOBAL, True, True),            # a relaxed capture prohibits nothing
-    (GLOBAL, GLOBAL, False, False),           # another thread's global capture, this thread global
-    (GLOBAL, THREAD_LOCAL, False, True),      # ... this thread thread-local
-    (GLOBAL, RELAXED, False, True),           # ... this thread relaxed
-    (THREAD_LOCAL, GLOBAL, False, True),      # another thread's thread-local capture
-])
+@pytest.mark.parametrize(
+    "capture_mode,my_mode,own,legal",
+    [
+        (GLOBAL, GLOBAL, True, False),  # this thread captures: unsafe calls prohibited
+        (THREAD_LOCAL, GLOBAL, True, False),
+        (RELAXED, GLOBAL, True, True),  # a relaxed capture prohibits nothing
+        (GLOBAL, GLOBAL, False, False),  # another thread's global capture, this thread global
+        (GLOBAL, THREAD_LOCAL, False, True),  # ... this thread thread-local
+        (GLOBAL, RELAXED, False, True),  # ... this thread relaxed
+        (THREAD_LOCAL, GLOBAL, False, True),  # another thread's thread-local capture
+    ],
+)
 def test_fake_rule_potentially_unsafe_calls_by_capture_mode(fake, kind, capture_mode, my_mode, own, legal):
     """cuda_runtime_api.h:2536-2548 (cudaThreadExchangeStreamCaptureMode)."""
     buffer = torch.zeros(4096, dtype=torch.uint8)
@@ -1138,8 +1212,9 @@ def test_fake_rule_batch_arrays_must_not_change_before_the_copies_run(fake):
     stream = F.create_stream(0, False)
     src = F.device_copy(torch.arange(128, dtype=torch.uint8))
     dst = F.pinned_copy(torch.zeros(128, dtype=torch.uint8))
-    table = torch.tensor([[dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64],
-                          [64, 64]])
+    table = torch.tensor(
+        [[dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64], [64, 64]]
+    )
     assert F.batch_copy(table, stream) == "cudaSuccess"
     assert F.synchronize(stream) == "cudaSuccess"
     assert F.violations() == [] and torch.equal(dst, torch.arange(128, dtype=torch.uint8))
@@ -1149,27 +1224,40 @@ def test_fake_rule_batch_arrays_must_not_change_before_the_copies_run(fake):
     assert F.violations() == ["cudaMemcpyBatchAsync: descriptor arrays changed before the copies ran"]
 
 
-@pytest.mark.parametrize("case,answer", [
-    ("legacy", "cudaErrorInvalidValue"),              # "Must not be legacy NULL stream"
-    ("order", "cudaErrorInvalidValue"),               # srcAccessOrder out of range
-    ("first_index", "cudaErrorInvalidValue"),         # attrsIdxs[0] must be 0
-    ("num_attrs", "cudaErrorInvalidValue"),           # numAttrs <= count
-    ("no_attrs", "cudaErrorInvalidValue"),
-    ("zero_size", "cudaErrorInvalidValue"),
-    ("outside", "cudaErrorInvalidValue"),             # a range leaving its allocation
-    ("capturing", "cudaErrorStreamCaptureUnsupported"),
-    ("invalidated", "cudaErrorStreamCaptureInvalidated"),
-])
+@pytest.mark.parametrize(
+    "case,answer",
+    [
+        ("legacy", "cudaErrorInvalidValue"),  # "Must not be legacy NULL stream"
+        ("order", "cudaErrorInvalidValue"),  # srcAccessOrder out of range
+        ("first_index", "cudaErrorInvalidValue"),  # attrsIdxs[0] must be 0
+        ("num_attrs", "cudaErrorInvalidValue"),  # numAttrs <= count
+        ("no_attrs", "cudaErrorInvalidValue"),
+        ("zero_size", "cudaErrorInvalidValue"),
+        ("outside", "cudaErrorInvalidValue"),  # a range leaving its allocation
+        ("capturing", "cudaErrorStreamCaptureUnsupported"),
+        ("invalidated", "cudaErrorStreamCaptureInvalidated"),
+    ],
+)
 def test_fake_rule_batch_call_arguments(fake, case, answer):
     """cuda_runtime_api.h:6387-6388, 6401-6403, 6426; capture: rmm#2518, cuopt#1753."""
     stream = F.create_stream(0, False)
     src = F.device_copy(torch.arange(128, dtype=torch.uint8))
     dst = F.pinned_copy(torch.zeros(128, dtype=torch.uint8))
     size = 0 if case == "zero_size" else (4096 if case == "outside" else 64)
-    table = torch.tensor([[dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64],
-                          [size, 64]])
-    kwargs = {"order": 7} if case == "order" else {"first_index": 1} if case == "first_index" else \
-        {"num_attrs": 3} if case == "num_attrs" else {"num_attrs": 0} if case == "no_attrs" else {}
+    table = torch.tensor(
+        [[dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64], [size, 64]]
+    )
+    kwargs = (
+        {"order": 7}
+        if case == "order"
+        else {"first_index": 1}
+        if case == "first_index"
+        else {"num_attrs": 3}
+        if case == "num_attrs"
+        else {"num_attrs": 0}
+        if case == "no_attrs"
+        else {}
+    )
     if case in ("capturing", "invalidated"):
         with captured(stream) as cap:
             if case == "invalidated":
@@ -1251,10 +1339,10 @@ def test_fake_rule_events(fake):
 
 
 def test_fake_rule_device_attributes(fake):
-    assert F.device_attribute(75, 0) == ("cudaSuccess", 9)   # cudaDevAttrComputeCapabilityMajor
-    assert F.device_attribute(76, 1) == ("cudaSuccess", 0)   # ... minor
+    assert F.device_attribute(75, 0) == ("cudaSuccess", 9)  # cudaDevAttrComputeCapabilityMajor
+    assert F.device_attribute(76, 1) == ("cudaSuccess", 0)  # ... minor
     assert F.device_attribute(75, 2)[0] == "cudaErrorInvalidDevice"  # two devices
-    assert F.device_attribute(1, 0)[0] == "cudaErrorInvalidValue"    # not modelled: refused
+    assert F.device_attribute(1, 0)[0] == "cudaErrorInvalidValue"  # not modelled: refused
     assert F.last_error(False) == "cudaErrorInvalidValue"
 
 
@@ -1278,15 +1366,21 @@ def test_fake_rule_copies_by_kind_and_memory(fake):
     other = F.device_copy(torch.zeros(256, dtype=torch.uint8))
     pageable = torch.zeros(256, dtype=torch.uint8)
     assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 256, 2, stream) == "cudaErrorInvalidValue"  # D2H
-    assert F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 3, stream) == "cudaErrorInvalidValue"  # D2D
-    assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 512, 3, stream) == "cudaErrorInvalidValue"  # leaves it
+    assert (
+        F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 3, stream) == "cudaErrorInvalidValue"
+    )  # D2D
+    assert (
+        F.memcpy_on(other.data_ptr(), dev.data_ptr(), 512, 3, stream) == "cudaErrorInvalidValue"
+    )  # leaves it
     assert F.memcpy_on(pageable.data_ptr(), dev.data_ptr() - 16, 64, 4, stream) == "cudaErrorInvalidValue"
     assert F.memcpy_on(other.data_ptr(), dev.data_ptr(), 256, 4, stream) == "cudaSuccess"  # default kind
     assert F.memcpy_on(pageable.data_ptr(), other.data_ptr(), 256, 2, stream) == "cudaSuccess"
     assert torch.equal(pageable, torch.arange(256, dtype=torch.uint8))  # landed before it returned
     with captured(stream) as cap:
-        assert F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 1, stream) == \
-            "cudaErrorStreamCaptureUnsupported"  # pageable memory under capture
+        assert (
+            F.memcpy_on(other.data_ptr(), pageable.data_ptr(), 256, 1, stream)
+            == "cudaErrorStreamCaptureUnsupported"
+        )  # pageable memory under capture
     assert cap.error == "cudaErrorStreamCaptureInvalidated"
 
 
@@ -1344,7 +1438,7 @@ def page_aligned(nbytes):
     """A pageable host buffer of `nbytes` starting on a 4 KiB boundary."""
     raw = torch.zeros(nbytes + 4096, dtype=torch.uint8)
     skip = -raw.data_ptr() % 4096
-    return raw[skip:skip + nbytes]
+    return raw[skip : skip + nbytes]
 
 
 @contextlib.contextmanager
@@ -1361,7 +1455,7 @@ def registered(*buffers):
 def test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it(fake):
     stream = side_stream()
     buffer = page_aligned(6 * 4096)
-    host = buffer[2 * 4096:].view(4, 4096)  # its storage begins two pages before it
+    host = buffer[2 * 4096 :].view(4, 4096)  # its storage begins two pages before it
     src = caches(4096, 4, "device", pairs=1, seed=31)
     want = expected(src, [host], [0, 3], [2, 1])
     with registered(host):
@@ -1383,7 +1477,7 @@ def test_a_registered_prefix_does_not_make_the_whole_tensor_mapped(fake):
     buffer = page_aligned(4 * 4096)
     host = buffer.view(4, 4096)
     src = caches(4096, 4, "device", pairs=1, seed=32)
-    with registered(buffer[:2 * 4096]):
+    with registered(buffer[: 2 * 4096]):
         assert host_mapped([host[:2]])
         assert not host_mapped([host])
         assert not host_mapped([host[1:3]])  # from inside the registration out of it
@@ -1398,10 +1492,10 @@ def test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are(fak
     stream = side_stream()
     buffer = page_aligned(4 * 4096)
     host = buffer.view(4, 4096)
-    with registered(buffer[:4096], buffer[2 * 4096:3 * 4096]):
+    with registered(buffer[:4096], buffer[2 * 4096 : 3 * 4096]):
         assert host_mapped([host[0:1]]) and host_mapped([host[2:3]])
         assert not host_mapped([host[0:3]])  # page 1 between them is pageable
-    with registered(buffer[:4096], buffer[4096:3 * 4096], buffer[3 * 4096:]):
+    with registered(buffer[:4096], buffer[4096 : 3 * 4096], buffer[3 * 4096 :]):
         assert host_mapped([host])
         src = caches(4096, 4, "device", pairs=1, seed=33)
         want = expected(src, [host], [0, 1, 2, 3], [3, 2, 1, 0])
@@ -1426,7 +1520,7 @@ def test_the_runtime_has_a_second_opinion_on_registered_bytes(fake):
 def test_a_strided_host_view_is_judged_by_every_byte_it_spans(fake):
     buffer = page_aligned(4 * 4096)
     rows = buffer.view(4, 4096)
-    with registered(buffer[:3 * 4096]):
+    with registered(buffer[: 3 * 4096]):
         assert host_mapped([rows[:3, :8]])
         assert not host_mapped([rows[:, :8]])  # 32 bytes, but its last row is in the fourth page
         assert host_mapped([rows[:, :8].t()[:, :3]])  # transposed: the same bytes of three rows
@@ -1499,42 +1593,42 @@ def _restore_refused_case():
 
     F.install()
     F.reset(2)
-    err = tempfile.TemporaryFile()
-    saved = os.dup(2)
-    os.dup2(err.fileno(), 2)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            side_stream(0)
-            src = caches(4096, 4, "device", pairs=1, seed=37)
-            dst = caches(4096, 4, "pinned", pairs=1, seed=38)
-            want = expected(src, dst, [0, 1], [2, 3])
-            torch_kvswap.set_copy_method("kernel")
-            F.set_device(1)
-            F.set_fault("refuse_device", 1)
-            torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
-            assert F.current_device() == 0  # stays: the restore was refused
-            assert F.synchronize(F.current_stream(0)) == "cudaSuccess"
-            assert torch.equal(dst[0], want[0])
-            assert F.last_error(True) == "cudaSuccess"
-            # Refused again while the launch's own error unwinds: that error arrives.
-            F.set_fault("refuse_device", -1)
-            F.set_device(1)
-            F.set_fault("refuse_device", 1)
-            F.set_fault("launch_fail_at", 1)
-            try:
-                torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
-                raise AssertionError("the failed launch was not reported")
-            except RuntimeError as e:
-                assert "launching the block copy kernel" in str(e) and "nothing was copied" in str(e), e
-        os.dup2(saved, 2)
-        err.seek(0)
-        text = err.read().decode() + "".join(f"{w.message}\n" for w in caught)
-        assert text.count("could not make cuda:1 current again") == 1, text  # once per process
-        assert "cudaErrorDevicesUnavailable" in text, text
-    finally:
-        os.dup2(saved, 2)
-        F.uninstall()
+    with tempfile.TemporaryFile() as err:
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                side_stream(0)
+                src = caches(4096, 4, "device", pairs=1, seed=37)
+                dst = caches(4096, 4, "pinned", pairs=1, seed=38)
+                want = expected(src, dst, [0, 1], [2, 3])
+                torch_kvswap.set_copy_method("kernel")
+                F.set_device(1)
+                F.set_fault("refuse_device", 1)
+                torch_kvswap.swap_blocks(src, dst, torch.tensor([0, 1]), torch.tensor([2, 3]))
+                assert F.current_device() == 0  # stays: the restore was refused
+                assert F.synchronize(F.current_stream(0)) == "cudaSuccess"
+                assert torch.equal(dst[0], want[0])
+                assert F.last_error(True) == "cudaSuccess"
+                # Refused again while the launch's own error unwinds: that error arrives.
+                F.set_fault("refuse_device", -1)
+                F.set_device(1)
+                F.set_fault("refuse_device", 1)
+                F.set_fault("launch_fail_at", 1)
+                try:
+                    torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
+                    raise AssertionError("the failed launch was not reported")
+                except RuntimeError as e:
+                    assert "launching the block copy kernel" in str(e) and "nothing was copied" in str(e), e
+            os.dup2(saved, 2)
+            err.seek(0)
+            text = err.read().decode() + "".join(f"{w.message}\n" for w in caught)
+            assert text.count("could not make cuda:1 current again") == 1, text  # once per process
+            assert "cudaErrorDevicesUnavailable" in text, text
+        finally:
+            os.dup2(saved, 2)
+            F.uninstall()
 
 
 def test_a_refused_device_restore_warns_once_and_never_throws():
@@ -1543,9 +1637,9 @@ def test_a_refused_device_restore_warns_once_and_never_throws():
     import os
     import subprocess
     import sys
+
     here = os.path.dirname(os.path.abspath(__file__))
-    code = (f"import sys; sys.path.insert(0, {here!r}); import test_cuda_fake as t; "
-            "t._restore_refused_case()")
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_cuda_fake as t; t._restore_refused_case()"
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, (child.returncode, child.stderr[-4000:])
 
@@ -1683,14 +1777,19 @@ def scatter(n, block=16, seed=0):
     src = torch.randint(0, 255, (n, block), dtype=torch.uint8, generator=g)
     perm = torch.randperm(n, generator=g)
     pinned, dst = F.pinned_copy(src), F.device_copy(torch.zeros(n, block, dtype=torch.uint8))
-    table = (pinned.data_ptr() + perm * block, dst.data_ptr() + torch.arange(n) * block,
-             torch.full((n,), block))
+    table = (
+        pinned.data_ptr() + perm * block,
+        dst.data_ptr() + torch.arange(n) * block,
+        torch.full((n,), block),
+    )
     return table, pinned, dst, src[perm]
 
 
 def submit(table):
     sp, dp, sizes = table
-    torch.ops.kvswap._submit.default.redispatch(CUDA, sp, dp, sizes, 0, int(sizes.sum()), torch.device("cuda", 0))
+    torch.ops.kvswap._submit.default.redispatch(
+        CUDA, sp, dp, sizes, 0, int(sizes.sum()), torch.device("cuda", 0)
+    )
 
 
 def batch_sizes():
@@ -1718,8 +1817,10 @@ def test_a_call_of_100000_descriptors_lands_byte_exact(fake):
     assert F.violations() == []
 
 
-@pytest.mark.parametrize("n,answer", [(51_827, "cudaSuccess"), (51_828, "cudaErrorInvalidValue"),
-                                      (51_829, "cudaErrorInvalidValue")])
+@pytest.mark.parametrize(
+    "n,answer",
+    [(51_827, "cudaSuccess"), (51_828, "cudaErrorInvalidValue"), (51_829, "cudaErrorInvalidValue")],
+)
 def test_fake_rule_a_batch_of_51828_descriptors_is_refused(fake, n, answer):
     """vLLM #49276: one call of 51,828 descriptors crashed the process; the fake refuses it."""
     stream = F.create_stream(0, False)
@@ -1728,8 +1829,11 @@ def test_fake_rule_a_batch_of_51828_descriptors_is_refused(fake, n, answer):
     assert F.batch_copy(table, stream) == answer
     assert F.synchronize(stream) == "cudaSuccess"
     refused = answer != "cudaSuccess"
-    assert F.violations() == ([f"cudaMemcpyBatchAsync: {n} descriptors in one call (51,828 crashed the "
-                               "process: vLLM #49276)"] if refused else [])
+    assert F.violations() == (
+        [f"cudaMemcpyBatchAsync: {n} descriptors in one call (51,828 crashed the process: vLLM #49276)"]
+        if refused
+        else []
+    )
     assert torch.equal(F.host_view(dst), torch.zeros_like(want) if refused else want)
 
 
@@ -1756,9 +1860,12 @@ def test_a_cap_that_is_not_a_count_is_refused_before_any_copy(fake, monkeypatch,
     F.rebind()
     side_stream()
     table, _src, _, _ = scatter(2)
-    with pytest.raises(ValueError, match=rf"{CAP_ENV}='{text}' is not a descriptor count: expected a whole "
-                                         rf"number of at least 1 \(the default is 8192\); set one, or unset "
-                                         rf"the variable.*\(nothing was copied\)$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{CAP_ENV}='{text}' is not a descriptor count: expected a whole "
+        rf"number of at least 1 \(the default is 8192\); set one, or unset "
+        rf"the variable.*\(nothing was copied\)$",
+    ):
         submit(table)
     assert F.count_calls("cudaMemcpyBatchAsync") == 0
 
@@ -1777,11 +1884,13 @@ def test_the_setter_overrides_the_cap_until_the_engine_is_bound_again(fake):
     assert F.max_batch() == CAP
 
 
-LATER_BATCH_FAILED = (r"cudaMemcpyBatchAsync failed: cudaErrorInvalidValue \(.*\)\. 4 descriptors "
-                      r"\(host_to_device\), batch 2 of 3 of this call's 10 descriptors \(descriptors 4\.\.7, "
-                      r"at most 4 a batch\); descriptors 0\.\.3 were queued by the earlier batches and will "
-                      r"still run; any of them may have been queued, wholly or in part \(the runtime does not "
-                      r"say how far it got\), and what was will still run; descriptors 8\.\.9 were not queued")
+LATER_BATCH_FAILED = (
+    r"cudaMemcpyBatchAsync failed: cudaErrorInvalidValue \(.*\)\. 4 descriptors "
+    r"\(host_to_device\), batch 2 of 3 of this call's 10 descriptors \(descriptors 4\.\.7, "
+    r"at most 4 a batch\); descriptors 0\.\.3 were queued by the earlier batches and will "
+    r"still run; any of them may have been queued, wholly or in part \(the runtime does not "
+    r"say how far it got\), and what was will still run; descriptors 8\.\.9 were not queued"
+)
 
 
 def second_of_three_batches_fails():

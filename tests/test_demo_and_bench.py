@@ -31,11 +31,15 @@ def test_ratios_are_paired_per_repetition():
     # Three repetitions of one size. Paired per repetition, contiguous/x is
     # [0.5, 2, 0.5] (median 0.5); the ratio of the medians would be 1.0 and
     # x/contiguous 2.0. index/x is [5, 3, 0.05] (median 3); unpaired 1.5.
-    times = {(2.0, "contiguous"): [1.0, 2.0, 10.0],
-             (2.0, "kvswap_tensor"): [2.0, 1.0, 20.0],
-             (2.0, "index"): [10.0, 3.0, 1.0]}
-    rows = {r.method: r for r in bench.summarize([(2.0, 4 * 10**9)], ["contiguous", "kvswap_tensor", "index"],
-                                                 times)}
+    times = {
+        (2.0, "contiguous"): [1.0, 2.0, 10.0],
+        (2.0, "kvswap_tensor"): [2.0, 1.0, 20.0],
+        (2.0, "index"): [10.0, 3.0, 1.0],
+    }
+    rows = {
+        r.method: r
+        for r in bench.summarize([(2.0, 4 * 10**9)], ["contiguous", "kvswap_tensor", "index"], times)
+    }
     x = rows["kvswap_tensor"]
     assert x.ratio_to_contiguous == pytest.approx(0.5)
     assert x.speedup_over_index == pytest.approx(3.0)
@@ -63,8 +67,26 @@ def test_the_run_limit_is_the_median_contiguous_copy_over_all_sizes():
 
 def test_bench_writes_a_table_and_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert bench.main(["--block-kib", "2", "16", "--total-mib", "4", "--layers", "1",
-                       "--repeats", "3", "--json", str(path), "--host-modes", "memcpy"]) == 0
+    assert (
+        bench.main(
+            [
+                "--block-kib",
+                "2",
+                "16",
+                "--total-mib",
+                "4",
+                "--layers",
+                "1",
+                "--repeats",
+                "3",
+                "--json",
+                str(path),
+                "--host-modes",
+                "memcpy",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| 2 KiB |" in out and "| 16 KiB |" in out
     data = json.loads(path.read_text())
@@ -77,9 +99,11 @@ def test_bench_writes_a_table_and_json(tmp_path, capsys):
         contiguous = by[r["block_kib"], "contiguous"]["seconds_all"]
         index = by[r["block_kib"], "index"]["seconds_all"]
         assert r["ratio_to_contiguous"] == pytest.approx(
-            statistics.median(c / x for c, x in zip(contiguous, r["seconds_all"])))
+            statistics.median(c / x for c, x in zip(contiguous, r["seconds_all"]))
+        )
         assert r["speedup_over_index"] == pytest.approx(
-            statistics.median(i / x for i, x in zip(index, r["seconds_all"])))
+            statistics.median(i / x for i, x in zip(index, r["seconds_all"]))
+        )
         assert r["gbps"] > 0 and r["ratio_to_run_limit"] > 0
     assert "against the run's median contiguous copy" in out
     assert "speed-up over index_select + index_copy_" in out
@@ -87,8 +111,26 @@ def test_bench_writes_a_table_and_json(tmp_path, capsys):
 
 def test_bench_without_index_has_no_speedup_column(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert bench.main(["--block-kib", "4", "--total-mib", "1", "--layers", "1", "--repeats", "1",
-                       "--methods", "contiguous", "kvswap_tensor", "--json", str(path)]) == 0
+    assert (
+        bench.main(
+            [
+                "--block-kib",
+                "4",
+                "--total-mib",
+                "1",
+                "--layers",
+                "1",
+                "--repeats",
+                "1",
+                "--methods",
+                "contiguous",
+                "kvswap_tensor",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     assert "speed-up over index" not in capsys.readouterr().out
     assert all(r["speedup_over_index"] is None for r in json.loads(path.read_text())["rows"])
 
@@ -108,8 +150,10 @@ def test_the_demo_names_the_engine_whose_kernel_received_every_byte(capsys, monk
     assert calls and all(c.device.type == "cpu" for c in calls)
     assert sum(sum(c.sizes) for c in calls) == 2 * int(moved.group(1)) * 2**20
     first = out.splitlines()[0]
-    assert first == ("torch_kvswap demo on cpu: copies run on the host engine (torch_kvswap._C); "
-                     "loaded, unused here: CUDA engine"), first
+    assert first == (
+        "torch_kvswap demo on cpu: copies run on the host engine (torch_kvswap._C); "
+        "loaded, unused here: CUDA engine"
+    ), first
     assert "the host engine (torch_kvswap._C) moved" in out
     assert "engines loaded" not in out
 
@@ -121,7 +165,7 @@ def test_engine_for_a_device_is_the_one_the_dispatcher_holds_a_kernel_of():
     assert _loader.engine_for("meta") is None
 
 
-# ---------------------------------------------------------------- help (the demo's options: test_demo_usage.py)
+# -------------------------------------------------------------- help (the demo's options: test_demo_usage.py)
 
 
 @pytest.mark.parametrize("module", [demo, bench])
@@ -154,8 +198,28 @@ def test_bench_refuses_plot_without_matplotlib_before_the_run(monkeypatch, capsy
 def test_bench_prints_where_it_wrote_the_json_and_the_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     data, png = tmp_path / "b.json", tmp_path / "b.png"
-    assert bench.main(["--block-kib", "4", "--total-mib", "1", "--layers", "1", "--repeats", "1",
-                       "--methods", "contiguous", "kvswap_tensor", "--json", str(data), "--plot", str(png)]) == 0
+    assert (
+        bench.main(
+            [
+                "--block-kib",
+                "4",
+                "--total-mib",
+                "1",
+                "--layers",
+                "1",
+                "--repeats",
+                "1",
+                "--methods",
+                "contiguous",
+                "kvswap_tensor",
+                "--json",
+                str(data),
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"wrote the results to {data}" in out and f"wrote the plot to {png}" in out
     assert data.stat().st_size > 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -172,12 +236,28 @@ def test_the_plot_ticks_only_the_measured_block_sizes():
 
 
 def test_the_benches_run_with_python_m_and_stay_out_of_the_package_import():
-    for module, prog in [("torch_kvswap.bench", "python -m torch_kvswap.bench"),
-                         ("torch_kvswap.bench.demo", "python -m torch_kvswap.bench.demo"),
-                         ("torch_kvswap.bench.vllm_backend", "python -m torch_kvswap.bench.vllm_backend")]:
-        proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {prog}"), (module, proc.stdout, proc.stderr)
-    proc = subprocess.run([sys.executable, "-c", "import sys, torch_kvswap; "
-                           "print(sorted(m for m in sys.modules if m.startswith('torch_kvswap.bench')))"],
-                          capture_output=True, text=True, timeout=120)
+    for module, prog in [
+        ("torch_kvswap.bench", "python -m torch_kvswap.bench"),
+        ("torch_kvswap.bench.demo", "python -m torch_kvswap.bench.demo"),
+        ("torch_kvswap.bench.vllm_backend", "python -m torch_kvswap.bench.vllm_backend"),
+    ]:
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {prog}"), (
+            module,
+            proc.stdout,
+            proc.stderr,
+        )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch_kvswap; "
+            "print(sorted(m for m in sys.modules if m.startswith('torch_kvswap.bench')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr

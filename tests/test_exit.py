@@ -48,8 +48,7 @@ EXPECTED_STATUS = {"falling off the end": 0, "sys.exit": 7, "exception": 1}
 
 
 def run_once(how: str) -> tuple[int, str, str]:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stdout, proc.stderr
 
 

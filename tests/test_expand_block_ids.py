@@ -17,7 +17,19 @@ OP = torch.ops.kvswap.expand_block_ids.default
 
 def test_reference_example():
     assert torch_kvswap.expand_block_ids(ids([0, 1, 3]), 4).tolist() == [
-        0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        12,
+        13,
+        14,
+        15,
+    ]
 
 
 def test_skip_count_drops_leading_sub_blocks_of_the_first_block_only():
@@ -84,9 +96,15 @@ def test_accelerator_path_matches_numpy_reference(block_ids, factor, data):
     np.testing.assert_array_equal(got.numpy(), expand_block_ids_ref(block_ids, factor, skip))
 
 
-@pytest.mark.parametrize("block_ids,factor,skip", [
-    ([0, 1, 3], 4, 0), ([2, 5], 4, 3), ([], 4, 2), ([9], 1, 0),
-])
+@pytest.mark.parametrize(
+    "block_ids,factor,skip",
+    [
+        ([0, 1, 3], 4, 0),
+        ([2, 5], 4, 3),
+        ([], 4, 2),
+        ([9], 1, 0),
+    ],
+)
 def test_accelerator_path_gives_what_the_host_path_gives(block_ids, factor, skip):
     assert ATEN_PATH(ids(block_ids), factor, skip).tolist() == OP(ids(block_ids), factor, skip).tolist()
 
@@ -96,12 +114,21 @@ def test_accelerator_path_reads_any_stride():
     assert ATEN_PATH(table[:, 0], 2, 1).tolist() == [3, 6, 7, 14, 15]
 
 
-@pytest.mark.parametrize("block_ids,factor,skip,error,message", [
-    ([1, -3], 4, 0, ValueError, r"block_ids contains -3; block ids must be >= 0"),
-    ([0, 2**62], 4, 0, ValueError, r"block_ids contains 4611686018427387904; times block_size_factor 4 overflows"),
-    ([1], 0, 0, ValueError, r"block_size_factor must be >= 1, got 0"),
-    ([1], 4, 4, ValueError, r"skip_count must be in \[0, block_size_factor\) = \[0, 4\), got 4"),
-])
+@pytest.mark.parametrize(
+    "block_ids,factor,skip,error,message",
+    [
+        ([1, -3], 4, 0, ValueError, r"block_ids contains -3; block ids must be >= 0"),
+        (
+            [0, 2**62],
+            4,
+            0,
+            ValueError,
+            r"block_ids contains 4611686018427387904; times block_size_factor 4 overflows",
+        ),
+        ([1], 0, 0, ValueError, r"block_size_factor must be >= 1, got 0"),
+        ([1], 4, 4, ValueError, r"skip_count must be in \[0, block_size_factor\) = \[0, 4\), got 4"),
+    ],
+)
 def test_accelerator_path_checks_like_the_host_path(block_ids, factor, skip, error, message):
     with pytest.raises(error, match=message):
         ATEN_PATH(ids(block_ids), factor, skip)

@@ -21,15 +21,17 @@ EMPTY = torch.empty(0, dtype=torch.int64)
 
 def caches(num_blocks, seed, pairs=2, width=16):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, 100, (num_blocks, width), generator=g, dtype=torch.int32)
-            for _ in range(pairs)]
+    return [torch.randint(0, 100, (num_blocks, width), generator=g, dtype=torch.int32) for _ in range(pairs)]
 
 
-@pytest.mark.parametrize("route,direction", [
-    ("host_to_device", Direction.HOST_TO_DEVICE),
-    ("device_to_host", Direction.DEVICE_TO_HOST),
-    ("device_to_device", Direction.DEVICE_TO_DEVICE),
-])
+@pytest.mark.parametrize(
+    "route,direction",
+    [
+        ("host_to_device", Direction.HOST_TO_DEVICE),
+        ("device_to_host", Direction.DEVICE_TO_HOST),
+        ("device_to_device", Direction.DEVICE_TO_DEVICE),
+    ],
+)
 def test_each_route_hands_the_engine_its_direction_code(route, direction):
     # The core picks the route from the caches' devices and passes the C++
     # enum's value to the engine: the public code of torch_kvswap.Direction.
@@ -60,9 +62,11 @@ def test_accelerator_routes_keep_the_callers_order():
 def test_a_device_without_its_engine_is_refused_by_name():
     src, dst = caches(4, seed=5, pairs=1), caches(4, seed=6, pairs=1)
     before = dst[0].clone()
-    with pytest.raises(NotImplementedError,
-                       match=r"kvswap: no engine for privateuseone:0 to copy: the Ascend engine "
-                             r"\(torch_kvswap\._C_npu\) is not loaded"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"kvswap: no engine for privateuseone:0 to copy: the Ascend engine "
+        r"\(torch_kvswap\._C_npu\) is not loaded",
+    ):
         torch_kvswap.swap_blocks([on_fake_device(src[0])], dst, ids([1]), ids([2]))
     assert torch.equal(dst[0], before)
 
@@ -81,9 +85,14 @@ def test_calls_with_nothing_to_copy_look_up_no_engine(what):
 
 def test_copies_between_two_accelerators_are_refused():
     a, b = caches(4, seed=7, pairs=1), caches(4, seed=8, pairs=1)
-    with engine_spy("PrivateUse1") as calls, pytest.raises(
-            ValueError, match=r"src_caches are on privateuseone:0 but dst_caches are on "
-                              r"privateuseone:1; copies between two accelerators are not supported"):
+    with (
+        engine_spy("PrivateUse1") as calls,
+        pytest.raises(
+            ValueError,
+            match=r"src_caches are on privateuseone:0 but dst_caches are on "
+            r"privateuseone:1; copies between two accelerators are not supported",
+        ),
+    ):
         torch_kvswap.swap_blocks([on_fake_device(a[0])], [on_fake_device(b[0], 1)], ids([0]), ids([1]))
     assert calls == []
 
@@ -125,8 +134,12 @@ def test_host_tensor_copies_hand_the_engine_one_call_with_every_byte():
 def test_engines_validate_the_direction_they_are_handed():
     # The engine-facing entry point rejects a code outside the C++ enum.
     src, dst = torch.arange(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
-    with pytest.raises(ValueError, match=r"direction must be 0 \(host_to_device\), 1 "
-                                         r"\(device_to_host\) or 2 \(device_to_device\), got 3"):
-        torch.ops.kvswap._submit(ids([src.data_ptr()]), ids([dst.data_ptr()]), ids([16]), 3, 16,
-                                 torch.device("cpu"))
+    with pytest.raises(
+        ValueError,
+        match=r"direction must be 0 \(host_to_device\), 1 "
+        r"\(device_to_host\) or 2 \(device_to_device\), got 3",
+    ):
+        torch.ops.kvswap._submit(
+            ids([src.data_ptr()]), ids([dst.data_ptr()]), ids([16]), 3, 16, torch.device("cpu")
+        )
     assert torch.equal(dst, torch.zeros(16, dtype=torch.uint8))

@@ -115,21 +115,26 @@ def test_every_log_goes_into_one_tarball(tmp_path):
 # --- what the steps' logs say ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, errors", [
-    ("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", 0),
-    ("========= Invalid __global__ write\n========= ERROR SUMMARY: 3 errors\n", 3),
-    ("========= ERROR SUMMARY: 1 error\n", 1),
-    ("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n", 1),
-    ("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n", 0),
-    ("pytest output only, the sanitizer was cut short\n", None),
-])
+@pytest.mark.parametrize(
+    "text, errors",
+    [
+        ("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", 0),
+        ("========= Invalid __global__ write\n========= ERROR SUMMARY: 3 errors\n", 3),
+        ("========= ERROR SUMMARY: 1 error\n", 1),
+        ("========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)\n", 1),
+        ("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n", 0),
+        ("pytest output only, the sanitizer was cut short\n", None),
+    ],
+)
 def test_sanitizer_summaries_are_read(text, errors):
     assert R.sanitizer_errors(text) == errors
 
 
 def test_junit_counts(tmp_path):
-    xml = write(tmp_path / "t.xml", '<testsuites><testsuite tests="5" failures="1" errors="0" skipped="2">'
-                                    '</testsuite></testsuites>')
+    xml = write(
+        tmp_path / "t.xml",
+        '<testsuites><testsuite tests="5" failures="1" errors="0" skipped="2"></testsuite></testsuites>',
+    )
     assert R.junit_counts(str(xml)) == {"tests": 5, "failures": 1, "errors": 0, "skipped": 2, "passed": 2}
     assert R.junit_counts(str(tmp_path / "none.xml")) is None
     assert R.junit_counts(str(write(tmp_path / "bad.xml", "<oops"))) is None
@@ -145,20 +150,47 @@ def grid_rows(gbps, vs=1.0):
         for k in R.BLOCK_KIB:
             for n in R.DESCRIPTORS:
                 for p in R.PATHS:
-                    rows.append({"direction": d, "block_kib": k, "descriptors": n, "descriptors_asked": n,
-                                 "path": p, "ok": True, "gbps": gbps(d, k, p),
-                                 "vs_contiguous": vs if p == "batch_dma" else 1.0})
-    rows += [{"direction": "d2d", "block_kib": R.D2D_KIB, "descriptors": n, "descriptors_asked": n, "path": p,
-              "ok": True, "gbps": 1.0} for n in R.DESCRIPTORS for p in R.PATHS]
+                    rows.append(
+                        {
+                            "direction": d,
+                            "block_kib": k,
+                            "descriptors": n,
+                            "descriptors_asked": n,
+                            "path": p,
+                            "ok": True,
+                            "gbps": gbps(d, k, p),
+                            "vs_contiguous": vs if p == "batch_dma" else 1.0,
+                        }
+                    )
+    rows += [
+        {
+            "direction": "d2d",
+            "block_kib": R.D2D_KIB,
+            "descriptors": n,
+            "descriptors_asked": n,
+            "path": p,
+            "ok": True,
+            "gbps": 1.0,
+        }
+        for n in R.DESCRIPTORS
+        for p in R.PATHS
+    ]
     return {"results": rows}
 
 
 def test_a_complete_bench_misses_no_row_and_a_gap_is_named():
     bench = grid_rows(lambda d, k, p: 1.0)
     assert R.missing_rows(bench) == []
-    bench["results"] = [r for r in bench["results"]
-                        if not (r["direction"] == "d2h" and r["block_kib"] == 48 and r["path"] == "kernel"
-                                and r["descriptors_asked"] == 4096)]
+    bench["results"] = [
+        r
+        for r in bench["results"]
+        if not (
+            r["direction"] == "d2h"
+            and r["block_kib"] == 48
+            and r["path"] == "kernel"
+            and r["descriptors_asked"] == 4096
+        )
+    ]
     assert R.missing_rows(bench) == ["d2h 48 KiB x 4096 kernel"]
 
 
@@ -190,8 +222,10 @@ def test_no_crossover_when_the_kernel_wins_at_the_largest_size():
 
 def steps_with(memcheck_errors=0, racecheck_errors=0, sanitizer="compute-sanitizer", skipped=0, status="ok"):
     junit = {"tests": 5, "failures": 0, "errors": 0, "skipped": skipped, "passed": 5 - skipped}
-    return {s: {"status": status, "result": {"sanitizer": sanitizer, "sanitizer_errors": e, "junit": junit}}
-            for s, e in (("memcheck", memcheck_errors), ("racecheck", racecheck_errors))}
+    return {
+        s: {"status": status, "result": {"sanitizer": sanitizer, "sanitizer_errors": e, "junit": junit}}
+        for s, e in (("memcheck", memcheck_errors), ("racecheck", racecheck_errors))
+    }
 
 
 def verdicts(bench, steps, dry=False):
@@ -206,7 +240,12 @@ def test_every_goal_is_judged_pass_on_a_bench_that_meets_them():
 def test_each_goal_fails_where_its_number_falls_short():
     bench = grid_rows(lambda d, k, p: {"kernel": 20.0, "batch_dma": 5.0}.get(p, 1.0), vs=0.85)
     got = verdicts(bench, steps_with(racecheck_errors=2))
-    assert got == {"dma_from_64k": "fail", "dma_at_16k": "pass", "kernel_at_2k": "fail", "sanitizers_clean": "fail"}
+    assert got == {
+        "dma_from_64k": "fail",
+        "dma_at_16k": "pass",
+        "kernel_at_2k": "fail",
+        "sanitizers_clean": "fail",
+    }
     judged = R.judge_goals(bench, steps_with(), False)
     assert judged[0]["measured"] == 0.85 and judged[2]["measured"] == 4.0
 
@@ -248,10 +287,22 @@ def test_the_summary_names_the_second_shot_for_the_failed_steps(tmp_path):
     run, out = tmp_path / "run", tmp_path / "out"
     (run / "logs").mkdir(parents=True)
     out.mkdir()
-    write(run / "meta.json", json.dumps({"mode": "gpu", "all_steps": ["preflight", "build", "tests", "bench"],
-                                         "steps_to_run": ["preflight", "build", "tests", "bench"]}))
-    for step, status in (("preflight", "ok"), ("build", "ok"), ("tests", "failed (exit 1)"),
-                         ("bench", "timed out after 45s")):
+    write(
+        run / "meta.json",
+        json.dumps(
+            {
+                "mode": "gpu",
+                "all_steps": ["preflight", "build", "tests", "bench"],
+                "steps_to_run": ["preflight", "build", "tests", "bench"],
+            }
+        ),
+    )
+    for step, status in (
+        ("preflight", "ok"),
+        ("build", "ok"),
+        ("tests", "failed (exit 1)"),
+        ("bench", "timed out after 45s"),
+    ):
         write(run / "logs" / f"{step}.log", f"{step} output\n")
         assert R.record(str(run), str(out), step, status, 3, 10) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -278,7 +329,9 @@ def test_tree_writes_name_new_files_outside_the_build_outputs(tmp_path):
     write(tmp_path / ".venv-vllm" / "pyvenv.cfg")
     write(tmp_path / ".venv-vllm" / "bin" / "pip")
     assert R.tree_writes(str(tmp_path), since, R.BUILD_OUTPUTS) == [
-        os.path.join("docs", "venv", "pyvenv.cfg"), os.path.join("tests", "results.json")]
+        os.path.join("docs", "venv", "pyvenv.cfg"),
+        os.path.join("tests", "results.json"),
+    ]
     assert len(R.tree_writes(str(tmp_path), since, [])) == 3
     assert R.tree_writes(str(tmp_path), time.time() + 10, []) == []
     # a top-level folder without pyvenv.cfg is looked into
@@ -290,16 +343,20 @@ def test_tree_writes_name_new_files_outside_the_build_outputs(tmp_path):
 
 
 def run_kit(*args, **env):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=600
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--only", "memcheck,nosuch"], "--only: unknown step 'nosuch' (expected some of: preflight build"),
-    (["--only"], "--only needs a comma-separated list of steps"),
-    (["--only", ""], "--only '': no step named"),
-    (["--fast"], "unknown argument '--fast'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--only", "memcheck,nosuch"], "--only: unknown step 'nosuch' (expected some of: preflight build"),
+        (["--only"], "--only needs a comma-separated list of steps"),
+        (["--only", ""], "--only '': no step named"),
+        (["--fast"], "unknown argument '--fast'"),
+    ],
+)
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, args, message):
     got = run_kit("--dry-run", *args, OUT=str(tmp_path / "out"))
     assert got.returncode == 2 and message in got.stderr and "usage:" in got.stderr
@@ -360,9 +417,14 @@ def test_an_out_that_is_not_a_writable_folder_is_refused(tmp_path):
 
 
 def test_collected_names_the_tests_a_junit_run_lacks(tmp_path):
-    xml = write(tmp_path / "m.xml", '<testsuites><testsuite tests="2">'
-                                    '<testcase classname="tests.test_a" name="test_x[kernel-h2d]"/>'
-                                    '<testcase classname="tests.test_a" name="test_y"/></testsuite></testsuites>')
+    xml = write(
+        tmp_path / "m.xml",
+        '<testsuites><testsuite tests="2">'
+        '<testcase classname="tests.test_a" name="test_x[kernel-h2d]"/>'
+        '<testcase classname="tests.test_a" name="test_y"/></testsuite></testsuites>',
+    )
     assert R.collected(str(xml), ["tests/test_a.py::test_x[kernel-h2d]", "tests/test_a.py::test_y"]) == []
-    assert R.collected(str(xml), ["tests/test_a.py::test_x[kernel-d2h]"]) == ["tests/test_a.py::test_x[kernel-d2h]"]
+    assert R.collected(str(xml), ["tests/test_a.py::test_x[kernel-d2h]"]) == [
+        "tests/test_a.py::test_x[kernel-d2h]"
+    ]
     assert R.collected(str(tmp_path / "none.xml"), ["x"])[0].startswith(str(tmp_path / "none.xml"))

@@ -33,8 +33,9 @@ class Runtime:
     """A stand-in for the engine's page-locking: records each call, refuses
     where told, and can hold a chunk until released."""
 
-    def __init__(self, fail_at: int | None = None, error: str = "cudaErrorMemoryAllocation",
-                 hold: int | None = None):
+    def __init__(
+        self, fail_at: int | None = None, error: str = "cudaErrorMemoryAllocation", hold: int | None = None
+    ):
         self.calls: list[tuple[int, int, bool]] = []
         self.fail_at, self.error, self.hold = fail_at, error, hold
         self.held, self.go = threading.Event(), threading.Event()
@@ -55,6 +56,7 @@ def runtime(monkeypatch):
         r = Runtime(**kw)
         monkeypatch.setattr(host_memory, "register", r)
         return r
+
     return install
 
 
@@ -76,9 +78,11 @@ def mapped_at(address: int) -> bool:
         return any(int(line.split("-", 1)[0], 16) == address for line in f)
 
 
-@pytest.mark.skipif(torch.torch_version.TorchVersion(torch.__version__) < (2, 13),
-                    reason="on torch 2.10 the buffer was not found among /proc/self/maps' mappings "
-                           "at its address; not yet explained (docs/offloader.md, Host memory)")
+@pytest.mark.skipif(
+    torch.torch_version.TorchVersion(torch.__version__) < (2, 13),
+    reason="on torch 2.10 the buffer was not found among /proc/self/maps' mappings "
+    "at its address; not yet explained (docs/offloader.md, Host memory)",
+)
 def test_the_mapping_is_unmapped_when_the_memory_is_dropped_without_a_collection():
     memory = HostMemory(3 * PAGE, torch.device("cpu"), False)
     address = memory.buffer.data_ptr()
@@ -114,11 +118,14 @@ def _slowed(fn, seconds=0.05):
     def slow(*args):
         time.sleep(seconds)
         return fn(*args)
+
     return slow
 
 
 @pytest.mark.parametrize("slow,chosen", [("_populate", "touch"), ("_touch", "madvise")])
-def test_auto_prefault_measures_both_methods_and_faults_the_rest_in_with_the_faster(slow, chosen, monkeypatch):
+def test_auto_prefault_measures_both_methods_and_faults_the_rest_in_with_the_faster(
+    slow, chosen, monkeypatch
+):
     if tuple(int(x) for x in platform.release().split(".")[:2]) < (5, 14):
         pytest.skip("MADV_POPULATE_WRITE needs Linux 5.14")
     monkeypatch.setattr(host_memory, "PROBE_BYTES", 4 * PAGE)
@@ -152,12 +159,15 @@ def test_prefault_names_an_unknown_method():
         host_memory.prefault(host_memory.map_exact(PAGE), threads=1, method="fast")
 
 
-@pytest.mark.parametrize("nbytes,spans", [
-    (4 * PAGE - 1, [(0, 4 * PAGE - 1)]),
-    (4 * PAGE, [(0, 4 * PAGE)]),
-    (4 * PAGE + 1, [(0, 4 * PAGE), (4 * PAGE, 4 * PAGE + 1)]),
-    (9 * PAGE, [(0, 4 * PAGE), (4 * PAGE, 8 * PAGE), (8 * PAGE, 9 * PAGE)]),
-])
+@pytest.mark.parametrize(
+    "nbytes,spans",
+    [
+        (4 * PAGE - 1, [(0, 4 * PAGE - 1)]),
+        (4 * PAGE, [(0, 4 * PAGE)]),
+        (4 * PAGE + 1, [(0, 4 * PAGE), (4 * PAGE, 4 * PAGE + 1)]),
+        (9 * PAGE, [(0, 4 * PAGE), (4 * PAGE, 8 * PAGE), (8 * PAGE, 9 * PAGE)]),
+    ],
+)
 def test_registration_goes_in_chunks_of_at_most_chunk_bytes(runtime, nbytes, spans):
     r = runtime()
     memory = HostMemory(nbytes, DEV, True, chunk_bytes=4 * PAGE)
@@ -165,7 +175,7 @@ def test_registration_goes_in_chunks_of_at_most_chunk_bytes(runtime, nbytes, spa
     base = memory.buffer.data_ptr()
     assert relative(r.calls, base) == [(a, b - a, True) for a, b in spans]
     memory.release()
-    assert relative(r.calls[len(spans):], base) == [(a, b - a, False) for a, b in reversed(spans)]
+    assert relative(r.calls[len(spans) :], base) == [(a, b - a, False) for a, b in reversed(spans)]
 
 
 @pytest.mark.parametrize("bad", [0, PAGE - 1, PAGE + 1, -PAGE, True, 4096.0])
@@ -177,13 +187,20 @@ def test_chunk_bytes_must_be_a_positive_multiple_of_a_page(bad):
 def test_a_refused_chunk_undoes_the_chunks_before_it_and_is_named(runtime):
     r = runtime(fail_at=2)
     memory = HostMemory(5 * PAGE, DEV, True, chunk_bytes=PAGE)
-    with pytest.raises(RuntimeError, match=r"20480-byte host mirrors .* chunk 2 of 5 "
-                                           r"\(bytes 8192\.\.12288\) was refused \(cudaErrorMemoryAllocation\); "
-                                           r"the chunks before it were unregistered.*power of two"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"20480-byte host mirrors .* chunk 2 of 5 "
+        r"\(bytes 8192\.\.12288\) was refused \(cudaErrorMemoryAllocation\); "
+        r"the chunks before it were unregistered.*power of two",
+    ):
         memory.wait()
     base = memory.buffer.data_ptr()
-    assert relative(r.calls, base) == [(0, PAGE, True), (PAGE, PAGE, True),
-                                       (PAGE, PAGE, False), (0, PAGE, False)]
+    assert relative(r.calls, base) == [
+        (0, PAGE, True),
+        (PAGE, PAGE, True),
+        (PAGE, PAGE, False),
+        (0, PAGE, False),
+    ]
     assert memory.registered == []
 
 
@@ -229,8 +246,12 @@ def test_release_during_registration_stops_and_undoes_what_was_registered(runtim
     r.go.set()
     releaser.join(10)
     base = memory.buffer.data_ptr()
-    assert relative(r.calls, base) == [(0, PAGE, True), (PAGE, PAGE, True),
-                                       (PAGE, PAGE, False), (0, PAGE, False)]
+    assert relative(r.calls, base) == [
+        (0, PAGE, True),
+        (PAGE, PAGE, True),
+        (PAGE, PAGE, False),
+        (0, PAGE, False),
+    ]
 
 
 # --- NUMA -------------------------------------------------------------------------
@@ -239,10 +260,12 @@ def test_release_during_registration_stops_and_undoes_what_was_registered(runtim
 @pytest.fixture
 def sysfs(tmp_path, monkeypatch):
     """A sysfs tree of two nodes and three PCI functions."""
+
     def node(bus, value):
         d = tmp_path / "bus" / "pci" / "devices" / bus
         d.mkdir(parents=True)
         (d / "numa_node").write_text(f"{value}\n")
+
     node("0000:1b:00.0", 0)
     node("0000:9c:00.0", 1)
     node("0000:aa:00.0", -1)
@@ -252,8 +275,10 @@ def sysfs(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("bus,want", [("0000:1b:00.0", 0), ("0000:9C:00.0", 1), ("0000:aa:00.0", None),
-                                      ("0000:ff:00.0", None), (None, None)])
+@pytest.mark.parametrize(
+    "bus,want",
+    [("0000:1b:00.0", 0), ("0000:9C:00.0", 1), ("0000:aa:00.0", None), ("0000:ff:00.0", None), (None, None)],
+)
 def test_a_devices_node_is_its_pci_functions_numa_node(sysfs, bus, want):
     assert numa.node_of(bus) == want
 
@@ -311,6 +336,7 @@ def memory_view(address, length):
 
         def data_ptr(self):
             return address
+
     return View()
 
 
@@ -342,8 +368,16 @@ def test_the_host_memory_bench_reports_ratios_of_medians_against_zeros(monkeypat
     assert order == ["zeros", "ready", "ready", "zeros", "zeros", "ready", "ready", "zeros"]
     assert settled == [1 << 20] * 8  # every timed allocation starts from the same state
     # counted: ready 0.4, zeros 0.2; zeros 0.1, ready 0.3; ready 0.5, zeros 0.1
-    assert rows == [{"gib": 1 / 1024, "zeros_s": 0.1, "ready_s": 0.4, "ratio": 4.0,
-                     "zeros_all_s": [0.2, 0.1, 0.1], "ready_all_s": [0.4, 0.3, 0.5]}]
+    assert rows == [
+        {
+            "gib": 1 / 1024,
+            "zeros_s": 0.1,
+            "ready_s": 0.4,
+            "ratio": 4.0,
+            "zeros_all_s": [0.2, 0.1, 0.1],
+            "ready_all_s": [0.4, 0.3, 0.5],
+        }
+    ]
 
 
 def test_the_host_memory_bench_refuses_a_negative_warmup():
@@ -359,9 +393,27 @@ def test_the_host_memory_bench_runs_from_the_command_line(tmp_path):
     import sys
 
     out = tmp_path / "hm.json"
-    subprocess.run([sys.executable, "-m", "torch_kvswap.bench", "host-memory", "--gib", "0.001",
-                    "--repeats", "1", "--tensors", "2", "--host-blocks", "8", "--json", str(out)],
-                   check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch_kvswap.bench",
+            "host-memory",
+            "--gib",
+            "0.001",
+            "--repeats",
+            "1",
+            "--tensors",
+            "2",
+            "--host-blocks",
+            "8",
+            "--json",
+            str(out),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     result = json.loads(out.read_text())
     assert [r["gib"] for r in result["ready"]] == [0.001]
     assert [(r["tensors"], r["host_blocks"]) for r in result["construction"]] == [(2, 256), (8, 8)]

@@ -53,8 +53,11 @@ def test_chunks_at_the_runtimes_per_call_limit_pin_the_whole_buffer(fake, chunks
 def test_a_chunk_over_the_runtimes_limit_is_refused_named_and_the_rest_undone(fake):
     fake.set_fault("host_register_max_bytes", 2 * PAGE)
     memory = HostMemory(5 * PAGE, DEV, True, chunk_bytes=3 * PAGE)
-    with pytest.raises(RuntimeError, match=r"20480-byte host mirrors .* chunk 0 of 2 \(bytes 0\.\.12288\) "
-                                           r"was refused .*cudaErrorMemoryAllocation"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"20480-byte host mirrors .* chunk 0 of 2 \(bytes 0\.\.12288\) "
+        r"was refused .*cudaErrorMemoryAllocation",
+    ):
         memory.wait()
     assert not mapped(memory.buffer[:PAGE]) and fake.host_register_bytes() == 0
 
@@ -70,6 +73,7 @@ def test_construction_returns_before_registration_ends_and_a_wait_blocks_until_i
             held.set()
             assert go.wait(10)
         real(buffer, device, pin)
+
     monkeypatch.setattr(host_memory, "register", slow)
     memory = HostMemory(3 * PAGE, DEV, True, chunk_bytes=PAGE)
     try:

@@ -36,10 +36,18 @@ from setup_helpers import engines as build_engines  # noqa: E402
 NVCC_13_0 = ["7.5", "8.0", "8.6", "8.7", "8.8", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1"]
 
 
-def facts(**kw) -> "build_engines.Facts":
-    base = dict(torch_version="2.15.0+cu130", torch_cuda="13.0", cuda_home="/usr/local/cuda",
-                nvcc_version="13.0", nvcc_archs=NVCC_13_0, visible_gpus=0, torch_npu_root=None,
-                cuda_headers="/usr/local/cuda/include", env={})
+def facts(**kw) -> build_engines.Facts:
+    base = dict(
+        torch_version="2.15.0+cu130",
+        torch_cuda="13.0",
+        cuda_home="/usr/local/cuda",
+        nvcc_version="13.0",
+        nvcc_archs=NVCC_13_0,
+        visible_gpus=0,
+        torch_npu_root=None,
+        cuda_headers="/usr/local/cuda/include",
+        env={},
+    )
     base.update(kw)
     return build_engines.Facts(**base)
 
@@ -58,8 +66,9 @@ def test_nvcc_arch_listing_is_read_as_torch_arch_names():
 
 
 def test_default_archs_drop_what_nvcc_cannot_target_and_keep_ptx_on_the_newest():
-    d = build_engines.decide_cuda(facts(torch_cuda="12.4", nvcc_version="12.4",
-                                        nvcc_archs=["5.0", "7.5", "8.0", "8.6", "8.9", "9.0"]))
+    d = build_engines.decide_cuda(
+        facts(torch_cuda="12.4", nvcc_version="12.4", nvcc_archs=["5.0", "7.5", "8.0", "8.6", "8.9", "9.0"])
+    )
     assert d.build and d.arch_list == "8.0;9.0+PTX"
 
 
@@ -117,7 +126,10 @@ def test_cuda_home_skips_a_folder_without_the_runtime_headers(tmp_path):
     real = toolkit(tmp_path / "cuda-13.0", headers=True)
     assert build_engines.find_cuda_home(wrapper_prefix, env={"CUDA_PATH": real}) == real
     assert build_engines.find_cuda_home(real, env={}) == real
-    assert build_engines.find_cuda_home(wrapper_prefix, env={"CUDA_HOME": wrapper_prefix}) in (None, "/usr/local/cuda")
+    assert build_engines.find_cuda_home(wrapper_prefix, env={"CUDA_HOME": wrapper_prefix}) in (
+        None,
+        "/usr/local/cuda",
+    )
 
 
 def test_kvswap_build_cuda_0_skips_the_engine():
@@ -127,7 +139,9 @@ def test_kvswap_build_cuda_0_skips_the_engine():
 
 def test_a_forced_engine_that_cannot_be_built_stops_the_build():
     cuda = build_engines.decide_cuda(facts(cuda_home=None, nvcc_version=None, env={"KVSWAP_BUILD_CUDA": "1"}))
-    with pytest.raises(SystemExit, match="KVSWAP_BUILD_CUDA=1 but the engine cannot be built: no CUDA toolkit"):
+    with pytest.raises(
+        SystemExit, match="KVSWAP_BUILD_CUDA=1 but the engine cannot be built: no CUDA toolkit"
+    ):
         build_engines.refuse_impossible_forced(cuda, build_engines.decide_npu(facts()))
 
 
@@ -135,8 +149,9 @@ def test_a_forced_engine_that_cannot_be_built_stops_the_build():
 
 
 def test_ascend_engine_builds_when_torch_npu_is_installed_even_without_nvcc(tmp_path):
-    f = facts(torch_version="2.13.0", torch_cuda=None, cuda_home=None, nvcc_version=None,
-              torch_npu_root=tmp_path)
+    f = facts(
+        torch_version="2.13.0", torch_cuda=None, cuda_home=None, nvcc_version=None, torch_npu_root=tmp_path
+    )
     assert build_engines.decide_npu(f).build and not build_engines.decide_cuda(f).build
 
 
@@ -163,32 +178,54 @@ def test_ascend_build_finds_acl_headers_where_torch_npu_2_10_0_post4_keeps_them(
     (acl / "acl_rt.h").write_text("#define KVSWAP_TEST_ACL_RT 1\n")
     (tmp_path / "probe.cpp").write_text("#include <acl/acl_rt.h>\nstatic_assert(KVSWAP_TEST_ACL_RT == 1);\n")
     ext = setup_py.npu_extension(build_engines.Decision(True), tmp_path / "torch_npu")
-    out = _cxx("-std=c++17", "-fsyntax-only", *(f"-I{d}" for d in ext.include_dirs), "probe.cpp", cwd=tmp_path)
+    out = _cxx(
+        "-std=c++17", "-fsyntax-only", *(f"-I{d}" for d in ext.include_dirs), "probe.cpp", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
 
 
-@pytest.mark.skipif(shutil.which("g++") is None or shutil.which("readelf") is None, reason="needs g++, readelf")
+@pytest.mark.skipif(
+    shutil.which("g++") is None or shutil.which("readelf") is None, reason="needs g++, readelf"
+)
 def test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_it(tmp_path):
     # Before torch_npu 2.13 the engine calls NPUStream::stream() (csrc/ascend/acl_real.cpp);
     # from 2.13 on it references nothing of libtorch_npu and must not depend on it.
     lib = tmp_path / "torch_npu" / "lib"
     lib.mkdir(parents=True)
     (tmp_path / "npu.cpp").write_text("int kvswap_test_npu_stream() { return 1; }\n")
-    (tmp_path / "calls.cpp").write_text("int kvswap_test_npu_stream();\nint f() { return kvswap_test_npu_stream(); }\n")
+    (tmp_path / "calls.cpp").write_text(
+        "int kvswap_test_npu_stream();\nint f() { return kvswap_test_npu_stream(); }\n"
+    )
     (tmp_path / "plain.cpp").write_text("int g() { return 2; }\n")
-    built = _cxx("-shared", "-fPIC", "-Wl,-soname,libtorch_npu.so", "npu.cpp", "-o", str(lib / "libtorch_npu.so"),
-                 cwd=tmp_path)
+    built = _cxx(
+        "-shared",
+        "-fPIC",
+        "-Wl,-soname,libtorch_npu.so",
+        "npu.cpp",
+        "-o",
+        str(lib / "libtorch_npu.so"),
+        cwd=tmp_path,
+    )
     assert built.returncode == 0, built.stderr
     ext = setup_py.npu_extension(build_engines.Decision(True), tmp_path / "torch_npu")
     needed = {}
     for name in ("calls", "plain"):
         # setuptools' order: objects, libraries, -o, then extra_link_args. --no-as-needed first:
         # some toolchains pass --as-needed by default (Debian's), others do not.
-        linked = _cxx("-shared", "-fPIC", "-Wl,--no-as-needed", f"{name}.cpp", "-o", f"{name}.so",
-                      *ext.extra_link_args, cwd=tmp_path)
+        linked = _cxx(
+            "-shared",
+            "-fPIC",
+            "-Wl,--no-as-needed",
+            f"{name}.cpp",
+            "-o",
+            f"{name}.so",
+            *ext.extra_link_args,
+            cwd=tmp_path,
+        )
         assert linked.returncode == 0, linked.stderr
-        dynamic = subprocess.run(["readelf", "-d", f"{name}.so"], cwd=tmp_path, capture_output=True, text=True,
-                                 check=True).stdout
+        dynamic = subprocess.run(
+            ["readelf", "-d", f"{name}.so"], cwd=tmp_path, capture_output=True, text=True, check=True
+        ).stdout
         needed[name] = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic)
     assert "libtorch_npu.so" in needed["calls"]
     assert "libtorch_npu.so" not in needed["plain"] and needed["plain"]
@@ -221,10 +258,19 @@ def test_test_fakes_are_built_only_when_asked():
 
 
 def test_build_summary_has_one_line_per_engine_with_reason_and_remedy():
-    info = {"torch": "2.13.0+cpu", "cuda_arch_list": None, "engines": {
-        "host": {"built": True},
-        "cuda": {"built": False, "reason": "torch 2.13.0+cpu is not a CUDA build", "enable": "install X"},
-        "npu": {"built": False, "reason": "torch_npu is not installed", "enable": "pip install torch-npu"}}}
+    info = {
+        "torch": "2.13.0+cpu",
+        "cuda_arch_list": None,
+        "engines": {
+            "host": {"built": True},
+            "cuda": {"built": False, "reason": "torch 2.13.0+cpu is not a CUDA build", "enable": "install X"},
+            "npu": {
+                "built": False,
+                "reason": "torch_npu is not installed",
+                "enable": "pip install torch-npu",
+            },
+        },
+    }
     lines = build_command.summary_lines(info)
     assert lines[0] == "torch_kvswap: built against torch 2.13.0+cpu"
     assert lines[1].endswith("(_C): built")
@@ -247,10 +293,12 @@ def test_the_shared_build_module_imports_only_the_standard_library_at_module_lev
     import ast
 
     tree = ast.parse((ROOT / "torch_kvswap" / "_build_shared.py").read_text())
-    imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in tree.body
-                 if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert imported and imported <= set(sys.stdlib_module_names), imported
 
 
@@ -268,10 +316,20 @@ def test_release_reads_versions_with_torchs_vendored_packaging_where_packaging_i
     assert setup_py.release("2.10") == (2, 10, 0)
 
 
-@pytest.mark.parametrize("version, expected", [
-    ("2.13.0+cpu", (2, 13, 0)), ("2.10.0.post4", (2, 10, 0)), ("2.15.0", (2, 15, 0)),
-    ("12.8", (12, 8, 0)), ("2.10", (2, 10, 0)), ("70.1.0", (70, 1, 0)), ("2.14.0a0+git1234", (2, 14, 0)),
-    ("0.11.1.dev123+g456.d20251010", (0, 11, 1)), ("13", (13, 0, 0))])
+@pytest.mark.parametrize(
+    "version, expected",
+    [
+        ("2.13.0+cpu", (2, 13, 0)),
+        ("2.10.0.post4", (2, 10, 0)),
+        ("2.15.0", (2, 15, 0)),
+        ("12.8", (12, 8, 0)),
+        ("2.10", (2, 10, 0)),
+        ("70.1.0", (70, 1, 0)),
+        ("2.14.0a0+git1234", (2, 14, 0)),
+        ("0.11.1.dev123+g456.d20251010", (0, 11, 1)),
+        ("13", (13, 0, 0)),
+    ],
+)
 def test_release_reads_major_minor_patch_without_the_local_tag(version, expected):
     assert setup_py.release(version) == expected
 
@@ -293,8 +351,10 @@ def test_an_engine_entry_reads_built_with_its_architectures_or_not_built_with_re
     assert engine_state("host", {"built": True}) == "built"
     assert engine_state("cuda", {"built": True}, "9.0;10.0") == "built for 9.0;10.0"
     assert engine_state("npu", {"built": True}, "9.0") == "built"
-    assert engine_state("npu", {"built": False, "reason": "no torch_npu", "enable": "pip install torch-npu"}) == \
-        "not built: no torch_npu; to enable: pip install torch-npu"
+    assert (
+        engine_state("npu", {"built": False, "reason": "no torch_npu", "enable": "pip install torch-npu"})
+        == "not built: no torch_npu; to enable: pip install torch-npu"
+    )
 
 
 def test_this_build_recorded_the_running_torch_and_every_engine():
@@ -310,13 +370,21 @@ def test_this_build_recorded_the_running_torch_and_every_engine():
 # ---------------------------------------------------------------- refusing isolated builds
 
 
-def _run_setup_with_stub_torch(tmp_path: Path, torch_init: str, folder: str = "stub") -> subprocess.CompletedProcess:
+def _run_setup_with_stub_torch(
+    tmp_path: Path, torch_init: str, folder: str = "stub"
+) -> subprocess.CompletedProcess:
     stub = tmp_path / folder / "torch"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text(torch_init)
     env = {**os.environ, "PYTHONPATH": str(stub.parent)}
-    return subprocess.run([sys.executable, str(ROOT / "setup.py"), "--name"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "setup.py"), "--name"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_build_without_an_importable_torch_stops_with_the_install_command(tmp_path):
@@ -369,13 +437,20 @@ def test_extension_built_for_another_torch_fails_to_import_with_the_version_mess
     # The real package, its compiled extensions included, with the record of
     # the build saying another release: what a user gets after upgrading torch.
     pkg = tmp_path / "torch_kvswap"
-    shutil.copytree(Path(torch_kvswap.__file__).parent, pkg,
-                    ignore=shutil.ignore_patterns("_fake_cuda*", "__pycache__"))
+    shutil.copytree(
+        Path(torch_kvswap.__file__).parent, pkg, ignore=shutil.ignore_patterns("_fake_cuda*", "__pycache__")
+    )
     info = json.loads((pkg / "_build_info.json").read_text())
     info["torch"] = other
     (pkg / "_build_info.json").write_text(json.dumps(info))
-    proc = subprocess.run([sys.executable, "-c", "import torch_kvswap"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch_kvswap"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: torch_kvswap was built against torch " + other), proc.stderr
@@ -386,8 +461,14 @@ def test_extension_built_for_another_torch_fails_to_import_with_the_version_mess
 
 
 def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engine(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "torch_kvswap"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch_kvswap"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     rows = dict(re.match(r"^  (\S.*?)\s{2,}(\S.*)$", line).groups() for line in proc.stdout.splitlines()[1:])
     assert rows["torch"].startswith(torch.__version__)
@@ -417,10 +498,14 @@ def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(setuptools, "__version__", "65.5.0")
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wheel" else real_find_spec(name, *a))
-    with pytest.raises(SystemExit, match=r'pip install "setuptools>=70.1" ninja numpy, then pip install '
-                                         r'--no-build-isolation \.'):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wheel" else real_find_spec(name, *a)
+    )
+    with pytest.raises(
+        SystemExit,
+        match=r'pip install "setuptools>=70.1" ninja numpy, then pip install '
+        r'--no-build-isolation \.',
+    ):
         setup_py.require_wheel_support()
     monkeypatch.setattr(setuptools, "__version__", "70.1.0")
     setup_py.require_wheel_support()
@@ -430,18 +515,32 @@ def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
 
 
 def test_the_build_says_what_it_will_compile_with_the_architectures_and_a_duration():
-    engines = [build_engines.Engine("host", "torch_kvswap._C", build_engines.Decision(True), None),
-               build_engines.Engine("cuda", "torch_kvswap._C_cuda", build_engines.Decision(True), None),
-               build_engines.Engine("npu", "torch_kvswap._C_npu", build_engines.Decision(False, "no torch_npu"), None),
-               build_engines.Engine("fake_cuda", "torch_kvswap._fake_cuda", build_engines.Decision(True), None, True)]
-    lines = build_command.plan_lines("2.15.0+cu130", engines, {"torch_kvswap._C", "torch_kvswap._C_cuda"},
-                                "8.0;9.0;10.0;12.0+PTX")
-    (host_lo, host_hi), (arch_lo, arch_hi) = build_command.ROUGH_MINUTES["host"], build_command.ROUGH_MINUTES["cuda"]
-    assert lines[0].startswith(f"torch_kvswap: building against torch 2.15.0+cu130; from scratch about "
-                               f"{host_lo + 4 * arch_lo}-{host_hi + 4 * arch_hi} min on 2 CPUs")
-    assert lines[1:] == [f"  host engine (_C): about {host_lo}-{host_hi} min",
-                         f"  CUDA engine (_C_cuda) for 4 architecture(s), 8.0;9.0;10.0;12.0+PTX (TORCH_CUDA_ARCH_LIST"
-                         f"=<your GPU's, e.g. 9.0> builds one): about {4 * arch_lo}-{4 * arch_hi} min"]
+    engines = [
+        build_engines.Engine("host", "torch_kvswap._C", build_engines.Decision(True), None),
+        build_engines.Engine("cuda", "torch_kvswap._C_cuda", build_engines.Decision(True), None),
+        build_engines.Engine(
+            "npu", "torch_kvswap._C_npu", build_engines.Decision(False, "no torch_npu"), None
+        ),
+        build_engines.Engine(
+            "fake_cuda", "torch_kvswap._fake_cuda", build_engines.Decision(True), None, True
+        ),
+    ]
+    lines = build_command.plan_lines(
+        "2.15.0+cu130", engines, {"torch_kvswap._C", "torch_kvswap._C_cuda"}, "8.0;9.0;10.0;12.0+PTX"
+    )
+    (host_lo, host_hi), (arch_lo, arch_hi) = (
+        build_command.ROUGH_MINUTES["host"],
+        build_command.ROUGH_MINUTES["cuda"],
+    )
+    assert lines[0].startswith(
+        f"torch_kvswap: building against torch 2.15.0+cu130; from scratch about "
+        f"{host_lo + 4 * arch_lo}-{host_hi + 4 * arch_hi} min on 2 CPUs"
+    )
+    assert lines[1:] == [
+        f"  host engine (_C): about {host_lo}-{host_hi} min",
+        f"  CUDA engine (_C_cuda) for 4 architecture(s), 8.0;9.0;10.0;12.0+PTX (TORCH_CUDA_ARCH_LIST"
+        f"=<your GPU's, e.g. 9.0> builds one): about {4 * arch_lo}-{4 * arch_hi} min",
+    ]
     one = build_command.plan_lines("2.15.0", engines[:2], {"torch_kvswap._C", "torch_kvswap._C_cuda"}, "9.0")
     assert one[2] == f"  CUDA engine (_C_cuda) for 1 architecture(s), 9.0: about {arch_lo}-{arch_hi} min"
 
@@ -462,8 +561,17 @@ def test_an_extension_is_stale_when_its_file_is_missing_or_older_than_a_source(t
     assert build_command.is_stale(target, [str(tmp_path / "gone.h")])  # a missing source counts as newer
 
 
-@pytest.mark.parametrize("seconds, text", [(0, "0.0 s"), (8.24, "8.2 s"), (59.94, "59.9 s"), (60, "1 min 00 s"),
-                                           (185.9, "3 min 05 s"), (3600, "60 min 00 s")])
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (0, "0.0 s"),
+        (8.24, "8.2 s"),
+        (59.94, "59.9 s"),
+        (60, "1 min 00 s"),
+        (185.9, "3 min 05 s"),
+        (3600, "60 min 00 s"),
+    ],
+)
 def test_elapsed_times_read_in_seconds_then_minutes(seconds, text):
     assert build_command.elapsed(seconds) == text
 
@@ -485,9 +593,11 @@ def _included(path: Path) -> set[Path]:
 
 @pytest.mark.parametrize("make", ["core", "npu", "fake_cuda"])
 def test_every_file_an_extension_includes_is_a_dependency_so_changing_it_rebuilds(make):
-    ext = {"core": lambda: setup_py.core_extension(),
-           "npu": lambda: setup_py.npu_extension(build_engines.Decision(True), Path("/opt/torch_npu")),
-           "fake_cuda": lambda: setup_py.fake_cuda_extension("/usr/local/cuda/include")}[make]()
+    ext = {
+        "core": lambda: setup_py.core_extension(),
+        "npu": lambda: setup_py.npu_extension(build_engines.Decision(True), Path("/opt/torch_npu")),
+        "fake_cuda": lambda: setup_py.fake_cuda_extension("/usr/local/cuda/include"),
+    }[make]()
     declared = {(ROOT / f).resolve() for f in [*ext.sources, *ext.depends]}
     included = set().union(*(_included(ROOT / f) for f in ext.sources))
     assert included and included <= declared, sorted(map(str, included - declared))
@@ -510,12 +620,21 @@ setup(name="tiny", ext_modules=[ext], cmdclass={{"build_ext": BuildWithSummary}}
 
 def _build_in_place(tree: Path, **extra_env: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "KVSWAP_VERBOSE_BUILD"} | extra_env
-    proc = subprocess.run([sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # torch's own log lines (a CUDA build without a GPU warns) are not the build's
-    return "".join(line for line in (proc.stdout + proc.stderr).splitlines(keepends=True)
-                   if not re.match(r"[WIE]\d{4} ", line))
+    return "".join(
+        line
+        for line in (proc.stdout + proc.stderr).splitlines(keepends=True)
+        if not re.match(r"[WIE]\d{4} ", line)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -538,8 +657,11 @@ def test_a_build_says_as_each_extension_starts_and_ends_with_its_elapsed_time(ti
     lines = tiny_build[1].splitlines()
     assert lines[0].startswith("torch_kvswap: building against torch "), lines
     start = lines.index("torch_kvswap: compiling the host engine (_C) ...")
-    end = next(i for i, line in enumerate(lines)
-               if re.fullmatch(r"torch_kvswap: the host engine \(_C\) compiled in \d+\.\d s", line))
+    end = next(
+        i
+        for i, line in enumerate(lines)
+        if re.fullmatch(r"torch_kvswap: the host engine \(_C\) compiled in \d+\.\d s", line)
+    )
     assert start < end < lines.index(f"torch_kvswap: built against torch {torch.__version__}"), lines
 
 
@@ -548,8 +670,10 @@ def test_a_rebuild_that_compiles_nothing_prints_no_banner(tiny_build):
     _build_in_place(tree)  # whatever an earlier test changed
     built = _so(tree).stat().st_mtime_ns
     out = _build_in_place(tree)
-    assert out == ("torch_kvswap: nothing to compile, each extension is newer than its sources: host engine (_C) "
-                   f"(torch {torch.__version__})\n"), out
+    assert out == (
+        "torch_kvswap: nothing to compile, each extension is newer than its sources: host engine (_C) "
+        f"(torch {torch.__version__})\n"
+    ), out
     assert _so(tree).stat().st_mtime_ns == built  # not even linked anew
 
 
@@ -595,13 +719,21 @@ def _ext_file(pkg: Path, stem: str) -> Path:
 
 
 def test_a_build_leaves_out_every_extension_file_it_did_not_build(tmp_path, capsys):
-    for name in ("_C.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
-                 "_C_npu.cpython-311-x86_64-linux-gnu.so", "ops.py", "_build_info.json"):
+    for name in (
+        "_C.cpython-311-x86_64-linux-gnu.so",
+        "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
+        "_C_npu.cpython-311-x86_64-linux-gnu.so",
+        "ops.py",
+        "_build_info.json",
+    ):
         (tmp_path / name).write_text("x")
     removed = build_command.remove_stale_extensions(tmp_path, {"_C.cpython-311-x86_64-linux-gnu.so"})
     assert removed == ["_C_npu.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["_C.cpython-311-x86_64-linux-gnu.so",
-                                                          "_build_info.json", "ops.py"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "_C.cpython-311-x86_64-linux-gnu.so",
+        "_build_info.json",
+        "ops.py",
+    ]
     assert "not built by it: _C_npu" in capsys.readouterr().err
 
 
@@ -613,15 +745,28 @@ def test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_repo
     info = json.loads((pkg / "_build_info.json").read_text())
     stale = _ext_file(pkg, "_C").name.replace("_C.", "_C_cuda.", 1)
     shutil.copy(_ext_file(pkg, "_C"), pkg / stale)
-    info["engines"]["cuda"] = {"module": "torch_kvswap._C_cuda", "built": False, "test_only": False,
-                               "reason": "no CUDA toolkit found", "enable": "install it"}
+    info["engines"]["cuda"] = {
+        "module": "torch_kvswap._C_cuda",
+        "built": False,
+        "test_only": False,
+        "reason": "no CUDA toolkit found",
+        "enable": "install it",
+    }
     (pkg / "_build_info.json").write_text(json.dumps(info))
-    code = ("import warnings; warnings.simplefilter('ignore')\n"
-            "import torch_kvswap as k, torch_kvswap.envreport as r\n"
-            "print(k.ENGINES['cuda']); print(k._loader.ENGINE_ERRORS['torch_kvswap._C_cuda'])\n"
-            "print(dict(r.engine_rows())['files'])")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    code = (
+        "import warnings; warnings.simplefilter('ignore')\n"
+        "import torch_kvswap as k, torch_kvswap.envreport as r\n"
+        "print(k.ENGINES['cuda']); print(k._loader.ENGINE_ERRORS['torch_kvswap._C_cuda'])\n"
+        "print(dict(r.engine_rows())['files'])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     loaded, error, files = proc.stdout.splitlines()
     assert loaded == "False"
@@ -656,8 +801,14 @@ def _clone_with_the_package_built_for(tmp_path: Path, other: str) -> Path:
 def test_a_clone_imported_from_its_root_names_its_folder_and_the_fix(tmp_path):
     clone = _clone_with_the_package_built_for(tmp_path, "2.12.0")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", "import torch_kvswap"], cwd=clone, capture_output=True,
-                          text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch_kvswap"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: torch_kvswap was built against torch 2.12.0"), proc.stderr

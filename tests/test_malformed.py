@@ -41,8 +41,10 @@ def test_dry_run_refuses_exactly_like_the_op(name):
     dry = run_isolated(functools.partial(run_case, name, True))
     assert not dry.crashed, f"{name}: {dry.message}"
     assert real.error_type is not None, (name, real)
-    assert (dry.error_type, _without_addresses(dry.message)) == \
-        (real.error_type, _without_addresses(real.message))
+    assert (dry.error_type, _without_addresses(dry.message)) == (
+        real.error_type,
+        _without_addresses(real.message),
+    )
 
 
 def test_a_call_that_hangs_fails_fast_and_the_next_one_runs():

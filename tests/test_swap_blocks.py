@@ -211,11 +211,12 @@ def test_calls_from_several_threads_at_once_are_all_exact(mode, monkeypatch):
         try:
             for _ in range(5):
                 torch_kvswap.swap_blocks(src, dst, torch.arange(96), perm)
-        except Exception as exc:  # pragma: no cover - reported below
+        except Exception as exc:  # pragma: no cover - reported below  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=job, name=f"copier-{j}", daemon=True)
-               for j, job in enumerate(jobs)]
+    threads = [
+        threading.Thread(target=run, args=job, name=f"copier-{j}", daemon=True) for j, job in enumerate(jobs)
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30  # 20 copies of 6 MiB: well under a second
@@ -256,11 +257,15 @@ def test_host_engine_works_in_a_forked_child(capfd):
     finally:
         torch.set_num_threads(threads)
     assert os.WIFEXITED(status), f"the forked child was killed by signal {os.WTERMSIG(status)}"
-    assert os.WEXITSTATUS(status) == 0, {
-        1: "the forked child hung in swap_blocks for 10 s (traceback below)",
-        2: "the forked child copied the wrong bytes",
-        3: "in the forked child the engine would still copy on the OpenMP threads",
-    }.get(os.WEXITSTATUS(status), f"exit code {os.WEXITSTATUS(status)}") + "\n" + capfd.readouterr().err
+    assert os.WEXITSTATUS(status) == 0, (
+        {
+            1: "the forked child hung in swap_blocks for 10 s (traceback below)",
+            2: "the forked child copied the wrong bytes",
+            3: "in the forked child the engine would still copy on the OpenMP threads",
+        }.get(os.WEXITSTATUS(status), f"exit code {os.WEXITSTATUS(status)}")
+        + "\n"
+        + capfd.readouterr().err
+    )
     assert torch.equal(dst[0], src[0].flip(0))
 
 
@@ -293,8 +298,9 @@ def _run_in_forked_child(src, out, ids, capfd) -> int:
         if time.monotonic() > deadline:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
-            raise AssertionError("the forked child hung for 20 s in swap_blocks; stderr: "
-                                 + capfd.readouterr().err)
+            raise AssertionError(
+                "the forked child hung for 20 s in swap_blocks; stderr: " + capfd.readouterr().err
+            )
         time.sleep(0.01)
 
 
@@ -303,23 +309,34 @@ def test_meta_ids_with_real_caches_are_refused(which):
     src, dst = torch.ones(4, 2), torch.zeros(4, 2)
     block_ids = {"src_block_ids": torch.tensor([0]), "dst_block_ids": torch.tensor([1])}
     block_ids[which] = block_ids[which].to("meta")
-    with pytest.raises(RuntimeError, match=rf"{which} is on the meta device and holds no values, "
-                                           r"but src_caches\[0\] is a real tensor on cpu"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"{which} is on the meta device and holds no values, "
+        r"but src_caches\[0\] is a real tensor on cpu",
+    ):
         torch_kvswap.swap_blocks([src], [dst], **block_ids)
     assert torch.equal(dst, torch.zeros(4, 2))
 
 
 def test_meta_sources_with_real_destinations_are_refused():
     dst = torch.zeros(4, 2)
-    with pytest.raises(RuntimeError, match=r"src_caches\[0\] is on the meta device and holds no "
-                                           r"values, but dst_caches\[0\] is a real tensor on cpu"):
-        torch_kvswap.swap_blocks([torch.empty(4, 2, device="meta")], [dst],
-                                 torch.tensor([0]), torch.tensor([1]))
+    with pytest.raises(
+        RuntimeError,
+        match=r"src_caches\[0\] is on the meta device and holds no "
+        r"values, but dst_caches\[0\] is a real tensor on cpu",
+    ):
+        torch_kvswap.swap_blocks(
+            [torch.empty(4, 2, device="meta")], [dst], torch.tensor([0]), torch.tensor([1])
+        )
     assert torch.equal(dst, torch.zeros(4, 2))
 
 
 def test_meta_caches_with_meta_ids_check_shapes_only():
     dst = torch.empty(4, 2, device="meta")
-    torch_kvswap.swap_blocks([torch.empty(4, 2, device="meta")], [dst],
-                             torch.tensor([0], device="meta"), torch.tensor([1], device="meta"))
+    torch_kvswap.swap_blocks(
+        [torch.empty(4, 2, device="meta")],
+        [dst],
+        torch.tensor([0], device="meta"),
+        torch.tensor([1], device="meta"),
+    )
     assert dst.shape == (4, 2)

@@ -66,10 +66,11 @@ def test_reference_call_shape_from_numpy_is_accepted():
     all_src = src.data_ptr() + ids_src * block
     all_dst = dst.data_ptr() + ids_dst * block
     sizes = np.full(4, block, dtype=np.int64)
-    torch.ops.kvswap.swap_blocks_batch(torch.from_numpy(all_src), torch.from_numpy(all_dst),
-                                       torch.from_numpy(sizes), 1)
+    torch.ops.kvswap.swap_blocks_batch(
+        torch.from_numpy(all_src), torch.from_numpy(all_dst), torch.from_numpy(sizes), 1
+    )
     for a, b in zip(ids_src, ids_dst):
-        assert torch.equal(dst[b * block:(b + 1) * block], src[a * block:(a + 1) * block])
+        assert torch.equal(dst[b * block : (b + 1) * block], src[a * block : (a + 1) * block])
 
 
 def test_source_and_destination_may_touch_without_overlapping():
@@ -95,8 +96,10 @@ def test_zero_byte_descriptors_are_skipped_even_with_null_addresses():
 def test_non_contiguous_descriptor_tensors_are_read_by_stride():
     src = arena(256, seed=3)
     dst = torch.zeros(256, dtype=torch.uint8)
-    table = torch.tensor([[src.data_ptr() + 10, dst.data_ptr() + 20, 30],
-                          [src.data_ptr() + 100, dst.data_ptr() + 200, 40]], dtype=torch.int64)
+    table = torch.tensor(
+        [[src.data_ptr() + 10, dst.data_ptr() + 20, 30], [src.data_ptr() + 100, dst.data_ptr() + 200, 40]],
+        dtype=torch.int64,
+    )
     OP(table[:, 0], table[:, 1], table[:, 2], 0)
     assert torch.equal(dst[20:50], src[10:40])
     assert torch.equal(dst[200:240], src[100:140])
@@ -105,9 +108,13 @@ def test_non_contiguous_descriptor_tensors_are_read_by_stride():
 def test_adjacent_descriptors_are_merged():
     base_s, base_d = 1 << 20, 1 << 30
     # Three contiguous on both sides, then a break on the destination side.
-    got = plan_batch(*descriptors([base_s, base_s + 64, base_s + 128, base_s + 192],
-                                  [base_d, base_d + 64, base_d + 128, base_d + 4096],
-                                  [64, 64, 64, 64]))
+    got = plan_batch(
+        *descriptors(
+            [base_s, base_s + 64, base_s + 128, base_s + 192],
+            [base_d, base_d + 64, base_d + 128, base_d + 4096],
+            [64, 64, 64, 64],
+        )
+    )
     assert got == [[base_s, base_s + 192], [base_d, base_d + 4096], [192, 64]]
 
 
@@ -127,8 +134,9 @@ def test_host_route_orders_large_descriptors_by_source_and_merges_what_that_join
     # into one run on both sides.
     block, base_s, base_d = 8192, 1 << 30, 1 << 40
     order = list(reversed(range(6)))
-    got = plan_batch(*descriptors([base_s + i * block for i in order], [base_d + i * block for i in order],
-                                  [block] * 6))
+    got = plan_batch(
+        *descriptors([base_s + i * block for i in order], [base_d + i * block for i in order], [block] * 6)
+    )
     assert got == [[base_s], [base_d], [6 * block]]
 
 
@@ -180,8 +188,7 @@ def test_large_unsorted_descriptors_copy_exactly(mode, monkeypatch):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    blocks=st.lists(st.tuples(st.integers(0, 63), st.integers(0, 63), st.integers(0, 64)),
-                    max_size=40),
+    blocks=st.lists(st.tuples(st.integers(0, 63), st.integers(0, 63), st.integers(0, 64)), max_size=40),
 )
 def test_matches_a_byte_by_byte_reference(blocks):
     """Random descriptors over two arenas (no destination written twice)."""
@@ -195,11 +202,14 @@ def test_matches_a_byte_by_byte_reference(blocks):
             chosen.append((s * unit, d * unit, n))
     memory = bytearray(src.numpy().tobytes()) + bytearray(dst.numpy().tobytes())
     half = len(memory) // 2
-    expected = copy_bytes_ref(memory, 0, [c[0] for c in chosen], [half + c[1] for c in chosen],
-                              [c[2] for c in chosen])[half:]
-    sp, dp, sz = descriptors([src.data_ptr() + c[0] for c in chosen] or [],
-                             [dst.data_ptr() + c[1] for c in chosen] or [],
-                             [c[2] for c in chosen] or [])
+    expected = copy_bytes_ref(
+        memory, 0, [c[0] for c in chosen], [half + c[1] for c in chosen], [c[2] for c in chosen]
+    )[half:]
+    sp, dp, sz = descriptors(
+        [src.data_ptr() + c[0] for c in chosen] or [],
+        [dst.data_ptr() + c[1] for c in chosen] or [],
+        [c[2] for c in chosen] or [],
+    )
     OP(sp, dp, sz, Direction.HOST_TO_DEVICE)
     assert dst.numpy().tobytes() == bytes(expected)
 
@@ -314,7 +324,7 @@ def scattered_copy_case(sizes, slot, misalign, rng):
     expected = dst.numpy().copy()
     s_np = src.numpy()
     for so, do, z in zip(src_off, dst_off, sizes):
-        expected[do:do + z] = s_np[so:so + z]
+        expected[do : do + z] = s_np[so : so + z]
     cols = descriptors(src.data_ptr() + src_off, dst.data_ptr() + dst_off, np.asarray(sizes, dtype=np.int64))
     return src, dst, cols, expected
 
@@ -333,19 +343,23 @@ def test_every_copy_routine_handles_any_size_and_alignment(data, mode, large, se
     # are split across three threads, cutting descriptors; KVSWAP_HOST_COPY
     # reaches each routine (stream included) at any size.
     if large:
-        pieces = data.draw(st.lists(st.tuples(st.integers(40_000, 80_000), st.integers(0, 63)),
-                                    min_size=28, max_size=40), label="pieces")
+        pieces = data.draw(
+            st.lists(st.tuples(st.integers(40_000, 80_000), st.integers(0, 63)), min_size=28, max_size=40),
+            label="pieces",
+        )
     else:
-        pieces = data.draw(st.lists(st.tuples(st.integers(0, 900), st.integers(0, 63)),
-                                    min_size=1, max_size=24), label="pieces")
+        pieces = data.draw(
+            st.lists(st.tuples(st.integers(0, 900), st.integers(0, 63)), min_size=1, max_size=24),
+            label="pieces",
+        )
     sizes = [z for z, _ in pieces]
-    src, dst, cols, expected = scattered_copy_case(sizes, max(sizes) + 64, [m for _, m in pieces],
-                                                   np.random.default_rng(seed))
+    src, dst, cols, expected = scattered_copy_case(
+        sizes, max(sizes) + 64, [m for _, m in pieces], np.random.default_rng(seed)
+    )
     event(f"{mode}, {'split across threads' if large else 'one part'}")
     with host_copy(mode), threads(3):
         routine, parts = PLAN(sum(sizes))
-        assert routine == ("memcpy" if mode == "auto" or (mode == "stream" and not cpu_has_avx2())
-                           else mode)
+        assert routine == ("memcpy" if mode == "auto" or (mode == "stream" and not cpu_has_avx2()) else mode)
         if mode != "parallel_for":  # that one splits by descriptor, at any size
             assert (parts > 1) == large, "the example does not reach the path it was drawn for"
         OP(*cols, 0)
@@ -367,22 +381,32 @@ def test_mixed_sizes_split_across_threads_are_exact(mode, monkeypatch):
 def test_opcheck():
     src = arena(1024, seed=6)
     dst = torch.zeros(1024, dtype=torch.uint8)
-    args = (*descriptors([src.data_ptr(), src.data_ptr() + 512], [dst.data_ptr() + 512, dst.data_ptr()],
-                         [256, 128]), 1)
+    args = (
+        *descriptors(
+            [src.data_ptr(), src.data_ptr() + 512], [dst.data_ptr() + 512, dst.data_ptr()], [256, 128]
+        ),
+        1,
+    )
     results = torch.library.opcheck(OP, args)
     assert set(results.values()) == {"SUCCESS"}, results
     assert torch.equal(dst[512:768], src[:256])
 
 
-@pytest.mark.skipif(torch.accelerator.current_accelerator() is None or torch.accelerator.device_count() > 0,
-                    reason="needs a torch build with an accelerator backend (e.g. a CUDA build) on a "
-                           "machine without its device; scripts/test_torch_matrix.sh runs CUDA builds here")
+@pytest.mark.skipif(
+    torch.accelerator.current_accelerator() is None or torch.accelerator.device_count() > 0,
+    reason="needs a torch build with an accelerator backend (e.g. a CUDA build) on a "
+    "machine without its device; scripts/test_torch_matrix.sh runs CUDA builds here",
+)
 def test_an_accelerator_build_without_a_device_copies_on_the_host():
     # A CUDA build of torch names CUDA its accelerator with no GPU present;
     # the pointer op must not hand the copy to an engine for a device that
     # does not exist.
     src = torch.arange(64, dtype=torch.uint8)
     dst = torch.zeros(64, dtype=torch.uint8)
-    torch_kvswap.swap_blocks_batch(torch.tensor([src.data_ptr() + 8]), torch.tensor([dst.data_ptr()]),
-                                   torch.tensor([16]), Direction.DEVICE_TO_HOST)
+    torch_kvswap.swap_blocks_batch(
+        torch.tensor([src.data_ptr() + 8]),
+        torch.tensor([dst.data_ptr()]),
+        torch.tensor([16]),
+        Direction.DEVICE_TO_HOST,
+    )
     assert torch.equal(dst[:16], src[8:24]) and not dst[16:].any()

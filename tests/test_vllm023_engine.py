@@ -30,24 +30,28 @@ import torch
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 try:
     import vllm
+
     if not vllm.__version__.startswith("0.23."):
         raise ImportError(f"vLLM {vllm.__version__} is installed, not 0.23")
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM_ENGINE") == "1":  # scripts/test_vllm.sh: never skip
         raise
-    pytest.skip(f"vLLM 0.23's CPU engine is not available here ({type(exc).__name__}: {exc}); "
-                "run KVSWAP_VLLM023_ENGINE=1 bash scripts/test_vllm.sh", allow_module_level=True)
+    pytest.skip(
+        f"vLLM 0.23's CPU engine is not available here ({type(exc).__name__}: {exc}); "
+        "run KVSWAP_VLLM023_ENGINE=1 bash scripts/test_vllm.sh",
+        allow_module_level=True,
+    )
 
-import test_vllm_engine as engine_test  # noqa: E402  (its engine, scenario and byte check)
-from vllm.config import KVTransferConfig  # noqa: E402
+import test_vllm_engine as engine_test  # its engine, scenario and byte check
+from vllm.config import KVTransferConfig
 
-from torch_kvswap.integrations.vllm import KVSwapOffloadingHandler  # noqa: E402
+from torch_kvswap.integrations.vllm import KVSwapOffloadingHandler
 
 #: the spec built by the engine (one per process)
-BUILT: list["KVSwapHandlerSpec"] = []
+BUILT: list[KVSwapHandlerSpec] = []
 
 
 class KVSwapHandlerSpec(CPUOffloadingSpec):
@@ -67,7 +71,9 @@ class KVSwapHandlerSpec(CPUOffloadingSpec):
             self.kvswap_handler = KVSwapOffloadingHandler(
                 gpu_block_size=self.gpu_block_size[0],
                 cpu_block_size=self.gpu_block_size[0] * self.block_size_factor,
-                num_cpu_blocks=self.num_blocks, gpu_caches=caches)
+                num_cpu_blocks=self.num_blocks,
+                gpu_caches=caches,
+            )
             self.tensors = [t.tensor for t in kv_caches.tensors]
         yield GPULoadStoreSpec, CPULoadStoreSpec, self.kvswap_handler
         yield CPULoadStoreSpec, GPULoadStoreSpec, self.kvswap_handler
@@ -104,10 +110,18 @@ def test_vllm_023s_engine_stores_and_reloads_byte_exact_through_the_handler():
     # OffloadPromMetrics expects the serialized dicts a separate engine
     # process sends, and gets OffloadingOperationMetrics objects:
     # offloading/metrics.py:154), whichever handler moved the bytes.
-    llm = engine_test.engine(disable_log_stats=True, kv_transfer_config=KVTransferConfig(
-        kv_connector="OffloadingConnector", kv_role="kv_both",
-        kv_connector_extra_config={"spec_name": "KVSwapHandlerSpec", "spec_module_path": __name__,
-                                   "cpu_bytes_to_use": 4 << 20}))
+    llm = engine_test.engine(
+        disable_log_stats=True,
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "spec_name": "KVSwapHandlerSpec",
+                "spec_module_path": __name__,
+                "cpu_bytes_to_use": 4 << 20,
+            },
+        ),
+    )
     try:
         (spec,) = [s for s in BUILT if s.kvswap_handler is not None]
         assert spec.block_size_factor == 1 and spec.num_blocks > engine_test.FULL
@@ -127,5 +141,7 @@ def test_vllm_023s_engine_stores_and_reloads_byte_exact_through_the_handler():
     assert outs[1] == outs[0]
     assert len(rec.snapshots) == FULL
     assert before_control == (FULL, 0)  # run 2: byte-exact
-    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, "the control's flipped host bytes went unnoticed"
+    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, (
+        "the control's flipped host bytes went unnoticed"
+    )
     assert rec.loaded_bytes == 2 * rec.stored_bytes > 0

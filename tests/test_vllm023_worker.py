@@ -38,6 +38,7 @@ NUM_GPU_BLOCKS, NUM_CPU_BLOCKS = 12, 6
 
 # -- the two vLLMs: the installed 0.23 and a stand-in of its interface -------------------
 
+
 def real_vllm() -> SimpleNamespace:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     try:
@@ -46,22 +47,34 @@ def real_vllm() -> SimpleNamespace:
         from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
         from vllm.v1.kv_offload.worker.worker import OffloadingWorker, TransferResult
         from torch_kvswap.integrations.vllm import compat
+
         low, high = compat.HANDLER_RANGE  # the handler's releases: 0.23 and 0.24 run this worker
         if not low <= (compat._major_minor(vllm.__version__) or (0, 0)) <= high:
             raise ImportError(f"vLLM {vllm.__version__} is installed, not one of the handler's releases")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
             raise
-        pytest.skip(f"vLLM 0.23 is not importable here ({type(exc).__name__}: {exc}); "
-                    "run bash scripts/test_vllm.sh")
-    return SimpleNamespace(OffloadingWorker=OffloadingWorker, TransferResult=TransferResult,
-                           GPU=GPULoadStoreSpec, CPU=CPULoadStoreSpec, BlockIDs=BlockIDsLoadStoreSpec)
+        pytest.skip(
+            f"vLLM 0.23 is not importable here ({type(exc).__name__}: {exc}); run bash scripts/test_vllm.sh"
+        )
+    return SimpleNamespace(
+        OffloadingWorker=OffloadingWorker,
+        TransferResult=TransferResult,
+        GPU=GPULoadStoreSpec,
+        CPU=CPULoadStoreSpec,
+        BlockIDs=BlockIDsLoadStoreSpec,
+    )
 
 
-def install_standin(monkeypatch, version: str = "0.23.0", handler_interface: bool = True,
-                    transfer_async_params: str = "job_id, spec") -> SimpleNamespace:
+def install_standin(
+    monkeypatch,
+    version: str = "0.23.0",
+    handler_interface: bool = True,
+    transfer_async_params: str = "job_id, spec",
+) -> SimpleNamespace:
     """Installs a stand-in vLLM ``version`` with 0.23's kv_offload worker
     interface (without it when ``handler_interface`` is False)."""
+
     def module(name: str, **attrs) -> types.ModuleType:
         mod = types.ModuleType(name)
         mod.__dict__.update(attrs)
@@ -99,11 +112,14 @@ def install_standin(monkeypatch, version: str = "0.23.0", handler_interface: boo
         transfer_type: tuple[str, str] | None = None
 
     ns: dict = {}
-    exec(f"class OffloadingHandler:\n"
-         f"    def transfer_async(self, {transfer_async_params}): raise NotImplementedError\n"
-         "    def get_finished(self): raise NotImplementedError\n"
-         "    def wait(self, job_ids): raise NotImplementedError\n"
-         "    def shutdown(self): return\n", ns)
+    exec(
+        f"class OffloadingHandler:\n"
+        f"    def transfer_async(self, {transfer_async_params}): raise NotImplementedError\n"
+        "    def get_finished(self): raise NotImplementedError\n"
+        "    def wait(self, job_ids): raise NotImplementedError\n"
+        "    def shutdown(self): return\n",
+        ns,
+    )
 
     class OffloadingWorker:  # vLLM 0.23's router: by (src.medium(), dst.medium())
         def __init__(self):
@@ -135,14 +151,22 @@ def install_standin(monkeypatch, version: str = "0.23.0", handler_interface: boo
             for h in self.handlers:
                 h.shutdown()
 
-    base = module("vllm.v1.kv_offload.base", LoadStoreSpec=LoadStoreSpec, GPULoadStoreSpec=GPULoadStoreSpec,
-                  BlockIDsLoadStoreSpec=BlockIDsLoadStoreSpec)
+    base = module(
+        "vllm.v1.kv_offload.base",
+        LoadStoreSpec=LoadStoreSpec,
+        GPULoadStoreSpec=GPULoadStoreSpec,
+        BlockIDsLoadStoreSpec=BlockIDsLoadStoreSpec,
+    )
     common = module("vllm.v1.kv_offload.cpu.common", CPULoadStoreSpec=CPULoadStoreSpec)
     module("vllm.v1.kv_offload.cpu", common=common)
     pkg = {"base": base}
     if handler_interface:
-        worker = module("vllm.v1.kv_offload.worker.worker", OffloadingHandler=ns["OffloadingHandler"],
-                        OffloadingWorker=OffloadingWorker, TransferResult=TransferResult)
+        worker = module(
+            "vllm.v1.kv_offload.worker.worker",
+            OffloadingHandler=ns["OffloadingHandler"],
+            OffloadingWorker=OffloadingWorker,
+            TransferResult=TransferResult,
+        )
         pkg["worker"] = module("vllm.v1.kv_offload.worker", worker=worker)
     else:
         monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.worker", None)  # import fails
@@ -150,8 +174,13 @@ def install_standin(monkeypatch, version: str = "0.23.0", handler_interface: boo
     module("vllm.v1")
     module("vllm", __version__=version)
     forget_plugin_classes(monkeypatch)
-    return SimpleNamespace(OffloadingWorker=OffloadingWorker, TransferResult=TransferResult,
-                           GPU=GPULoadStoreSpec, CPU=CPULoadStoreSpec, BlockIDs=BlockIDsLoadStoreSpec)
+    return SimpleNamespace(
+        OffloadingWorker=OffloadingWorker,
+        TransferResult=TransferResult,
+        GPU=GPULoadStoreSpec,
+        CPU=CPULoadStoreSpec,
+        BlockIDs=BlockIDsLoadStoreSpec,
+    )
 
 
 @pytest.fixture(params=["vllm", "standin"])
@@ -169,14 +198,20 @@ def v(request, monkeypatch) -> SimpleNamespace:
 
 # -- the caches and the plain reference ---------------------------------------------------
 
+
 def make_caches(seed: int = 0) -> dict[str, object]:
     """Two layers, as the reference handler takes them: one stacked [2, blocks, ...]
     tensor, one (key, value) pair; random bits in every byte (bf16 and fp32)."""
     g = torch.Generator().manual_seed(seed)
-    stacked = torch.randint(-2**15, 2**15, (2, NUM_GPU_BLOCKS, 4, 8), generator=g,
-                            dtype=torch.int16).view(torch.bfloat16)
-    pair = tuple(torch.randint(-2**31, 2**31 - 1, (NUM_GPU_BLOCKS, 3, 5), generator=g,
-                               dtype=torch.int32).view(torch.float32) for _ in range(2))
+    stacked = torch.randint(-(2**15), 2**15, (2, NUM_GPU_BLOCKS, 4, 8), generator=g, dtype=torch.int16).view(
+        torch.bfloat16
+    )
+    pair = tuple(
+        torch.randint(-(2**31), 2**31 - 1, (NUM_GPU_BLOCKS, 3, 5), generator=g, dtype=torch.int32).view(
+            torch.float32
+        )
+        for _ in range(2)
+    )
     return {"layers.0": stacked, "layers.1": pair}
 
 
@@ -193,17 +228,19 @@ class ReferenceHost:
     """Host sub-block rows per cache tensor, as plain byte copies (zeros until stored)."""
 
     def __init__(self, caches):
-        self.rows = {i: torch.zeros((NUM_CPU_BLOCKS * FACTOR, *t.shape[1:]), dtype=t.dtype)
-                     for i, t in enumerate(tensors(caches))}
+        self.rows = {
+            i: torch.zeros((NUM_CPU_BLOCKS * FACTOR, *t.shape[1:]), dtype=t.dtype)
+            for i, t in enumerate(tensors(caches))
+        }
 
     def store(self, caches, device_ids, host_ids, skip, tensor_ids=(0, 1, 2, 3)):
-        rows = [h * FACTOR + s for h in host_ids for s in range(FACTOR)][skip:skip + len(device_ids)]
+        rows = [h * FACTOR + s for h in host_ids for s in range(FACTOR)][skip : skip + len(device_ids)]
         for i in tensor_ids:
             for d, r in zip(device_ids, rows):
                 self.rows[i][r] = tensors(caches)[i][d].clone()
 
     def load(self, expected, host_ids, device_ids, skip, tensor_ids=(0, 1, 2, 3)):
-        rows = [h * FACTOR + s for h in host_ids for s in range(FACTOR)][skip:skip + len(device_ids)]
+        rows = [h * FACTOR + s for h in host_ids for s in range(FACTOR)][skip : skip + len(device_ids)]
         for i in tensor_ids:
             for d, r in zip(device_ids, rows):
                 expected[i][d] = self.rows[i][r]
@@ -234,6 +271,7 @@ def registered(v, handler):
 
 # -- the reference handler's call pattern, byte-exact -----------------------------------------
 
+
 def test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern(v):
     caches = make_caches()
     handler = v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, caches, attn_backends={})
@@ -263,9 +301,12 @@ def test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_patt
     assert same_bytes(tensors(caches)[3][9], original[3][5])
     assert not tensors(caches)[2][8].view(torch.uint8).any()  # host 2's sub-block 0: never stored
     nbytes = block_bytes(caches)
-    assert sorted(((r.job_id, r.success, r.transfer_size, r.transfer_type) for r in seen)) == [
-        (1, True, 4 * nbytes, ("GPU", "CPU")), (2, True, nbytes, ("GPU", "CPU")),
-        (3, True, 4 * nbytes, ("CPU", "GPU")), (4, True, 2 * nbytes, ("CPU", "GPU"))]
+    assert sorted((r.job_id, r.success, r.transfer_size, r.transfer_type) for r in seen) == [
+        (1, True, 4 * nbytes, ("GPU", "CPU")),
+        (2, True, nbytes, ("GPU", "CPU")),
+        (3, True, 4 * nbytes, ("CPU", "GPU")),
+        (4, True, 2 * nbytes, ("CPU", "GPU")),
+    ]
     assert all(type(r) is v.TransferResult and r.transfer_time >= 0 for r in seen)
     worker.shutdown()
 
@@ -330,6 +371,7 @@ def test_each_kv_cache_group_moves_its_own_tensors(v):
 
 # -- error paths ---------------------------------------------------------------------------
 
+
 def test_a_pair_of_media_the_handler_does_not_serve_is_refused(v):
     caches = make_caches()
     handler = v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, caches)
@@ -342,8 +384,11 @@ def test_a_pair_of_media_the_handler_does_not_serve_is_refused(v):
     worker = registered(v, handler)
     worker.register_handler(v.GPU, DiskSpec, handler)
     assert worker.transfer_async(1, (v.GPU([0, 1], [2], [0]), DiskSpec([0]))) is False
-    with pytest.raises(ValueError, match=r"spec media must be \('GPU', 'CPU'\) \(a store\) or "
-                                         r"\('CPU', 'GPU'\) \(a load\), got \('GPU', 'DISK'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"spec media must be \('GPU', 'CPU'\) \(a store\) or "
+        r"\('CPU', 'GPU'\) \(a load\), got \('GPU', 'DISK'\)",
+    ):
         handler.transfer_async(1, (v.GPU([0, 1], [2], [0]), DiskSpec([0])))
     with pytest.raises(ValueError, match=r"got \('CPU', 'CPU'\)"):
         handler.transfer_async(1, (v.CPU([0]), v.CPU([1])))
@@ -362,11 +407,17 @@ def test_specs_that_are_not_vllms_are_refused_naming_what_came(v):
         def medium():
             return "GPU"
 
-    with pytest.raises(TypeError, match=r"spec must pair vLLM's GPULoadStoreSpec with its "
-                                        r"CPULoadStoreSpec, got OtherGPU -> CPULoadStoreSpec"):
+    with pytest.raises(
+        TypeError,
+        match=r"spec must pair vLLM's GPULoadStoreSpec with its "
+        r"CPULoadStoreSpec, got OtherGPU -> CPULoadStoreSpec",
+    ):
         handler.transfer_async(1, (OtherGPU(), v.CPU([0])))
-    with pytest.raises(TypeError, match=r"spec's dst must be a vLLM LoadStoreSpec \(with medium\(\)\), "
-                                        r"got list"):
+    with pytest.raises(
+        TypeError,
+        match=r"spec's dst must be a vLLM LoadStoreSpec \(with medium\(\)\), "
+        r"got list",
+    ):
         handler.transfer_async(1, (v.GPU([0], [1], [1]), [0]))
     with pytest.raises(TypeError, match=r"spec must be a \(src, dst\) tuple"):
         handler.transfer_async(1, [v.GPU([0], [1], [1]), v.CPU([0])])
@@ -456,11 +507,17 @@ def test_shutdown_is_idempotent_and_refuses_later_jobs(v):
 
 
 def test_caches_that_are_not_per_layer_key_value_pairs_are_refused(v):
-    with pytest.raises(TypeError, match=r"gpu_caches must be a mapping of layer name to its "
-                                        r"\(key, value\) caches, got list"):
+    with pytest.raises(
+        TypeError,
+        match=r"gpu_caches must be a mapping of layer name to its "
+        r"\(key, value\) caches, got list",
+    ):
         v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, [torch.zeros(2, 4, 8)])
-    with pytest.raises(ValueError, match=r"gpu_caches\['l0'\] must be a \(key, value\) pair or a tensor "
-                                         r"whose dim 0 \(of size 2\) picks key and value, got shape \(4, 8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"gpu_caches\['l0'\] must be a \(key, value\) pair or a tensor "
+        r"whose dim 0 \(of size 2\) picks key and value, got shape \(4, 8\)",
+    ):
         v.Handler(GPU_BLOCK, CPU_BLOCK, NUM_CPU_BLOCKS, {"l0": torch.zeros(4, 8)})
     with pytest.raises(ValueError, match=r"host_block_size \(24\) must be a positive multiple"):
         v.Handler(GPU_BLOCK, 24, NUM_CPU_BLOCKS, make_caches())
@@ -468,26 +525,39 @@ def test_caches_that_are_not_per_layer_key_value_pairs_are_refused(v):
 
 # -- the version check (stand-in releases only) -------------------------------------------------
 
-@pytest.mark.parametrize("version, interface, differs", [
-    ("0.33.0", False, r"release 0\.33 is above the handler's range \(from 0\.25 on, use "
-                      r"KVSwapOffloadingSpec\); vllm\.v1\.kv_offload\.worker\.worker cannot be imported"),
-    ("0.22.0", True, r"release 0\.22 is below the handler's range"),
-    ("main", True, r"its version 'main' is not a release number"),
-])
-def test_a_release_without_the_handler_interface_is_refused_naming_it(monkeypatch, version, interface,
-                                                                       differs):
+
+@pytest.mark.parametrize(
+    "version, interface, differs",
+    [
+        (
+            "0.33.0",
+            False,
+            r"release 0\.33 is above the handler's range \(from 0\.25 on, use "
+            r"KVSwapOffloadingSpec\); vllm\.v1\.kv_offload\.worker\.worker cannot be imported",
+        ),
+        ("0.22.0", True, r"release 0\.22 is below the handler's range"),
+        ("main", True, r"its version 'main' is not a release number"),
+    ],
+)
+def test_a_release_without_the_handler_interface_is_refused_naming_it(
+    monkeypatch, version, interface, differs
+):
     install_standin(monkeypatch, version, handler_interface=interface)
-    with pytest.raises(compat.UnsupportedVLLM,
-                       match=rf"^torch_kvswap's OffloadingHandler does not support vLLM {version}: "
-                             rf"{differs}.*\. Supported: vLLM 0\.23 to 0\.24 \(tested: 0\.23\.0\)$"):
+    with pytest.raises(
+        compat.UnsupportedVLLM,
+        match=rf"^torch_kvswap's OffloadingHandler does not support vLLM {version}: "
+        rf"{differs}.*\. Supported: vLLM 0\.23 to 0\.24 \(tested: 0\.23\.0\)$",
+    ):
         plugin.KVSwapOffloadingHandler  # noqa: B018
 
 
 def test_a_023_whose_transfer_async_differs_is_refused(monkeypatch):
     install_standin(monkeypatch, transfer_async_params="job_id, src_spec, dst_spec")
-    with pytest.raises(compat.UnsupportedVLLM,
-                       match=r"does not support vLLM 0\.23\.0: OffloadingHandler\.transfer_async takes "
-                             r"\['job_id', 'src_spec', 'dst_spec'\], expected \['job_id', 'spec'\]\."):
+    with pytest.raises(
+        compat.UnsupportedVLLM,
+        match=r"does not support vLLM 0\.23\.0: OffloadingHandler\.transfer_async takes "
+        r"\['job_id', 'src_spec', 'dst_spec'\], expected \['job_id', 'spec'\]\.",
+    ):
         plugin.KVSwapOffloadingHandler  # noqa: B018
 
 
@@ -504,10 +574,12 @@ def test_on_vllm_0_23_the_connector_spec_is_still_refused_pointing_at_the_handle
 
     major, minor = compat._major_minor(vllm.__version__)
     forget_plugin_classes(monkeypatch)
-    with pytest.raises(compat.UnsupportedVLLM,
-                       match=rf"does not support vLLM {re.escape(vllm.__version__)} \(offloading path\): "
-                             rf"release {major}\.{minor} is below "
-                             r"the supported range; .*OffloadingHandler\.transfer_async\(job_id, spec\) "
-                             r"interface, not OffloadingWorker\.submit_store/submit_load "
-                             r"\(KVSwapOffloadingHandler serves that interface\)"):
+    with pytest.raises(
+        compat.UnsupportedVLLM,
+        match=rf"does not support vLLM {re.escape(vllm.__version__)} \(offloading path\): "
+        rf"release {major}\.{minor} is below "
+        r"the supported range; .*OffloadingHandler\.transfer_async\(job_id, spec\) "
+        r"interface, not OffloadingWorker\.submit_store/submit_load "
+        r"\(KVSwapOffloadingHandler serves that interface\)",
+    ):
         plugin.KVSwapOffloadingSpec  # noqa: B018

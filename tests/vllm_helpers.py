@@ -11,8 +11,10 @@ from pathlib import Path
 
 #: The plug-in's modules whose classes subclass vLLM's: each imports vLLM
 #: (and checks its interface) when it is first imported.
-PLUGIN_CLASS_MODULES = tuple(f"torch_kvswap.integrations.vllm.{name}"
-                             for name in ("offloading_spec", "tiering_spec", "simple_connector", "handler_class"))
+PLUGIN_CLASS_MODULES = tuple(
+    f"torch_kvswap.integrations.vllm.{name}"
+    for name in ("offloading_spec", "tiering_spec", "simple_connector", "handler_class")
+)
 
 
 def forget_plugin_classes(monkeypatch) -> None:
@@ -33,6 +35,7 @@ SHM_REGIONS = "/dev/shm/vllm_offload_*"
 def shm_regions() -> set[str]:
     """The /dev/shm files of vLLM's shared host regions now."""
     import glob
+
     return set(glob.glob(SHM_REGIONS))
 
 
@@ -45,12 +48,14 @@ def _no_region_left_behind():
     before = shm_regions()
     yield
     import gc
+
     gc.collect()  # a worker dropped without shutdown releases its map by its finalizer
     assert not left_behind(before), f"/dev/shm files left behind: {left_behind(before)}"
 
 
 try:  # a fixture for the tests that build engines or tiering specs (pytest is not needed here otherwise)
     import pytest as _pytest
+
     no_region_left_behind = _pytest.fixture(_no_region_left_behind)
 except ImportError:  # pragma: no cover
     pass
@@ -69,10 +74,12 @@ def vllm_config(cache: dict | None = None, **transfer):
     ``BLOCK_TOKENS``-token blocks and the ``cache`` fields of its
     ``CacheConfig``) with ``KVTransferConfig(**transfer)``."""
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
+
     return VllmConfig(
         model_config=ModelConfig(model=MODEL, skip_tokenizer_init=True, dtype="float16", max_model_len=1024),
         cache_config=CacheConfig(block_size=BLOCK_TOKENS, **(cache or {})),
-        kv_transfer_config=KVTransferConfig(**transfer))
+        kv_transfer_config=KVTransferConfig(**transfer),
+    )
 
 
 def per_layer_kv_cache_config(spec, num_blocks: int, layers=LAYERS):
@@ -81,14 +88,25 @@ def per_layer_kv_cache_config(spec, num_blocks: int, layers=LAYERS):
     (0.27/0.28: ``shared_by``, no placement; 0.29 on: ``layers`` and their
     strides)."""
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+
     page = spec.page_size_bytes
     if "layer_stride" in KVCacheTensor.__dataclass_fields__:
-        tensors = [KVCacheTensor(size=page * num_blocks * len(layers), layers=[name],
-                                 layer_stride=page * num_blocks, block_stride=page) for name in layers]
+        tensors = [
+            KVCacheTensor(
+                size=page * num_blocks * len(layers),
+                layers=[name],
+                layer_stride=page * num_blocks,
+                block_stride=page,
+            )
+            for name in layers
+        ]
     else:
         tensors = [KVCacheTensor(size=page * num_blocks, shared_by=[name]) for name in layers]
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors,
-                         kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)])
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=tensors,
+        kv_cache_groups=[KVCacheGroupSpec(list(layers), spec)],
+    )
 
 
 def offloading_config(config, kv_cache_config, tp: int, rank: int, **fields):
@@ -98,6 +116,7 @@ def offloading_config(config, kv_cache_config, tp: int, rank: int, **fields):
 
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+
     with set_current_vllm_config(config):
         base = build_offloading_config(config, kv_cache_config)
     parallel = dataclasses.replace(base.parallel, rank=rank, world_size=tp, tp_size=tp)

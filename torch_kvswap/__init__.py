@@ -41,7 +41,22 @@ from .ops import (  # noqa: E402
 from ._checked import Region, checked, is_checked, register_region, set_checked  # noqa: E402
 from .offloader import DeviceBlocks, HostBlocks, KVCacheOffloader, TransferResult  # noqa: E402
 
-__all__ = ["DeviceBlocks", "Direction", "ENGINES", "HostBlocks", "KVCacheOffloader", "Region",
-           "TransferResult", "checked", "expand_block_ids", "get_copy_method", "is_checked",
-           "register_region", "set_checked", "set_copy_method", "swap_blocks", "swap_blocks_batch"]
+__all__ = [
+    "DeviceBlocks",
+    "Direction",
+    "ENGINES",
+    "HostBlocks",
+    "KVCacheOffloader",
+    "Region",
+    "TransferResult",
+    "checked",
+    "expand_block_ids",
+    "get_copy_method",
+    "is_checked",
+    "register_region",
+    "set_checked",
+    "set_copy_method",
+    "swap_blocks",
+    "swap_blocks_batch",
+]
 __version__ = "0.1.0"

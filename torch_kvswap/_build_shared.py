@@ -39,8 +39,12 @@ def engine_state(key: str, entry: dict, cuda_arch_list: str | None = None) -> st
 
 def summary_lines(info: dict) -> list[str]:
     """One line per engine of a build record, as printed at the end of a build."""
-    names = {"host": "host engine   (_C)", "cuda": "CUDA engine   (_C_cuda)",
-             "npu": "Ascend engine (_C_npu)", "fake_cuda": "test fake     (_fake_cuda)"}
+    names = {
+        "host": "host engine   (_C)",
+        "cuda": "CUDA engine   (_C_cuda)",
+        "npu": "Ascend engine (_C_npu)",
+        "fake_cuda": "test fake     (_fake_cuda)",
+    }
     lines = [f"torch_kvswap: built against torch {info['torch']}"]
     for key, entry in info["engines"].items():
         lines.append(f"  {names.get(key, key)}: {engine_state(key, entry, info.get('cuda_arch_list'))}")

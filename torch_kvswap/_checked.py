@@ -38,8 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["checked", "set_checked", "is_checked", "register_region", "Region",
-           "OffloaderChecks"]
+__all__ = ["checked", "set_checked", "is_checked", "register_region", "Region", "OffloaderChecks"]
 
 _lock = threading.Lock()
 _open_blocks = 0  # checked() blocks currently open, in any thread
@@ -100,8 +99,7 @@ class Region:
         return f"Region({self.id}, {self.side}, {self.label!r})"
 
 
-def register_region(tensor: torch.Tensor, *, side: str | None = None,
-                    label: str | None = None) -> Region:
+def register_region(tensor: torch.Tensor, *, side: str | None = None, label: str | None = None) -> Region:
     """Tell checked mode that the pointer op may copy from and to the memory of ``tensor``.
 
     Args:
@@ -163,8 +161,9 @@ class OffloaderChecks:
         self.factor = offloader.factor
         groups = offloader.groups
         self._group_of = {id(members): g for g, members in enumerate(groups)}
-        self._related = [[h for h, other in enumerate(groups) if set(members) & set(other)]
-                         for members in groups]
+        self._related = [
+            [h for h, other in enumerate(groups) if set(members) & set(other)] for members in groups
+        ]
         rows = offloader.num_host_blocks * self.factor
         ng, nd = len(groups), offloader.num_device_blocks
         self._stored = np.zeros((ng, rows), dtype=bool)
@@ -179,9 +178,9 @@ class OffloaderChecks:
     def _where(self, row: int, g: int) -> str:
         return f"host block {row // self.factor} (sub-block {row % self.factor}, group {g})"
 
-    def _pending(self, lanes: tuple[str, ...], related: list[int], ids: np.ndarray,
-                 device: bool) -> int:
-        """A pending job of ``lanes`` whose host rows (device=False) or device blocks include one of ``ids``."""
+    def _pending(self, lanes: tuple[str, ...], related: list[int], ids: np.ndarray, device: bool) -> int:
+        """A pending job of ``lanes`` whose host rows (device=False) or device blocks include
+        one of ``ids``."""
         for job_id, (lane, parts) in self._jobs.items():
             if lane not in lanes:
                 continue
@@ -190,16 +189,17 @@ class OffloaderChecks:
                     return job_id
         raise AssertionError("the tracker's counts and its jobs disagree")
 
-    def _first_hit(self, busy: np.ndarray, ids: np.ndarray, h: int, lanes: tuple[str, ...],
-                   device: bool) -> tuple[int, int] | None:
-        """The first of ``ids`` that ``busy`` marks, and the pending job of ``lanes`` (group ``h``) that uses it."""
+    def _first_hit(
+        self, busy: np.ndarray, ids: np.ndarray, h: int, lanes: tuple[str, ...], device: bool
+    ) -> tuple[int, int] | None:
+        """The first of ``ids`` that ``busy`` marks, and the pending job of ``lanes`` (group
+        ``h``) that uses it."""
         hit = np.flatnonzero(busy)
         if not hit.size:
             return None
         return int(ids[hit[0]]), self._pending(lanes, [h], ids[hit[:1]], device=device)
 
-    def _refuse_store(self, job_id: int, g: int, h: int, host: np.ndarray,
-                      dev: np.ndarray) -> None:
+    def _refuse_store(self, job_id: int, g: int, h: int, host: np.ndarray, dev: np.ndarray) -> None:
         """A store of group ``g`` may not write host rows that a pending load of
         group ``h`` reads, nor read device blocks that one writes."""
         found = self._first_hit(self._reading[h, host] > 0, host, h, _LOAD_LANES, device=False)
@@ -208,7 +208,8 @@ class OffloaderChecks:
             raise ValueError(
                 f"checked mode: store job {job_id} writes {self._where(row, g)}, "
                 f"which load job {other} still reads {_NOT_SEEN}; the load would copy a mix "
-                f"of old and new data. Store after job {other} is reported")
+                f"of old and new data. Store after job {other} is reported"
+            )
         writing = sum(self._writing[lane][h, dev] for lane in _LOAD_LANES)
         found = self._first_hit(writing > 0, dev, h, _LOAD_LANES, device=True)
         if found:
@@ -216,10 +217,10 @@ class OffloaderChecks:
             raise ValueError(
                 f"checked mode: store job {job_id} reads device block {block} "
                 f"(group {g}), which load job {other} is still writing {_NOT_SEEN}; the "
-                f"store would save a half-loaded block. Store after job {other} is reported")
+                f"store would save a half-loaded block. Store after job {other} is reported"
+            )
 
-    def _refuse_load(self, job_id: int, lane: str, g: int, h: int, host: np.ndarray,
-                     dev: np.ndarray) -> None:
+    def _refuse_load(self, job_id: int, lane: str, g: int, h: int, host: np.ndarray, dev: np.ndarray) -> None:
         """A load of group ``g`` may not read host rows that a pending store of
         group ``h`` writes, nor write device blocks that one reads or that a
         pending load of the other load lane writes."""
@@ -232,7 +233,8 @@ class OffloaderChecks:
                 f"whose store job {other} has not been reported "
                 "finished by get_finished() nor waited for; jobs of different lanes are not "
                 "ordered, so the load may copy the block before the store has "
-                f"written it. Load after job {other} is reported")
+                f"written it. Load after job {other} is reported"
+            )
         found = self._first_hit(self._store_reading[h, dev] > 0, dev, h, ("store",), device=True)
         if found:
             block, other = found
@@ -240,17 +242,18 @@ class OffloaderChecks:
                 f"checked mode: load job {job_id} writes device block {block} (group {g}), "
                 f"which store job {other} still reads {_NOT_SEEN}; jobs of different lanes "
                 "are not ordered, so the store may save the loaded bytes instead of the "
-                f"block's. Load after job {other} is reported (wait for it first)")
+                f"block's. Load after job {other} is reported (wait for it first)"
+            )
         other_lane = "expedited" if lane == "load" else "load"
-        found = self._first_hit(self._writing[other_lane][h, dev] > 0, dev, h, (other_lane,),
-                                device=True)
+        found = self._first_hit(self._writing[other_lane][h, dev] > 0, dev, h, (other_lane,), device=True)
         if found:
             block, other = found
             raise ValueError(
                 f"checked mode: load job {job_id} writes device block {block} (group {g}), "
                 f"which load job {other} of the {other_lane} lane is still writing "
                 f"{_NOT_SEEN}; loads of different lanes are not ordered, so the block may "
-                f"end up with either's bytes. Load after job {other} is reported")
+                f"end up with either's bytes. Load after job {other} is reported"
+            )
 
     def admit(self, job: Any) -> None:
         """Checks a job about to be queued and records it; raises ValueError naming the jobs."""
@@ -275,7 +278,8 @@ class OffloaderChecks:
                         f"checked mode: load job {job.job_id} reads {self._where(row, g)}, which "
                         "holds nothing: no store into it was seen to finish, so the load "
                         "would fill the device blocks with whatever the mirror held (an id "
-                        "off by one, or a block never stored?)")
+                        "off by one, or a block never stored?)"
+                    )
         self._count(job, parts, 1)
         if is_store:
             for g, host, _ in parts:

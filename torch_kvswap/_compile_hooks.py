@@ -111,7 +111,9 @@ def warn_destinations_cloned() -> None:
         f"torch_kvswap: on torch {torch.__version__}, kvswap::swap_blocks cannot be kept in place "
         "under torch.compile backends without Inductor (aot_eager, cudagraphs): they clone every "
         "destination cache on every call. backend='inductor' (the default) writes in place.",
-        RuntimeWarning, stacklevel=2)
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 #: Whether swap_blocks writes its destinations in place under aot_eager and

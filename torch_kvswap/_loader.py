@@ -51,10 +51,14 @@ def unrecorded_extensions(info: dict, package_dir: Path = PACKAGE_DIR) -> list[s
     """Extension files in `package_dir` that the build record does not list
     as built: leftovers of another build (a test fake built in place, an
     engine compiled for another torch) that this install should not hold."""
-    built = {entry["module"].rsplit(".", 1)[1] for entry in info.get("engines", {}).values()
-             if entry.get("built")}
-    return sorted(p.name for p in package_dir.iterdir()
-                  if p.suffix in (".so", ".pyd") and p.name.split(".", 1)[0] not in built)
+    built = {
+        entry["module"].rsplit(".", 1)[1] for entry in info.get("engines", {}).values() if entry.get("built")
+    }
+    return sorted(
+        p.name
+        for p in package_dir.iterdir()
+        if p.suffix in (".so", ".pyd") and p.name.split(".", 1)[0] not in built
+    )
 
 
 def is_source_tree(package_dir: Path) -> bool:
@@ -68,18 +72,24 @@ def rebuild_hint(package_dir: Path, cwd: Path | None = None) -> str:
     package at `package_dir`: where it came from decides the fix."""
     cwd = Path.cwd() if cwd is None else cwd
     if not is_source_tree(package_dir):
-        return (f"This copy was imported from {package_dir}. Rebuild it against this torch: "
-                f"`{INSTALL_COMMAND}` from the source tree (add --force-reinstall --no-deps if pip "
-                "considers it installed), or `bash scripts/test.sh` in a checkout.")
+        return (
+            f"This copy was imported from {package_dir}. Rebuild it against this torch: "
+            f"`{INSTALL_COMMAND}` from the source tree (add --force-reinstall --no-deps if pip "
+            "considers it installed), or `bash scripts/test.sh` in a checkout."
+        )
     tree = package_dir.parent
     where = f"This copy was imported from {package_dir}, the package folder of the source tree {tree}"
     if tree.resolve() == cwd.resolve():
-        where += (", because Python puts the current directory first on its path: it shadows any "
-                  "torch_kvswap installed for this torch, and reinstalling does not change that")
-    return (f"{where}. Either run from another directory (then an installed torch_kvswap is "
-            f"imported), or rebuild this tree in place: `cd {tree} && {sys.executable} setup.py "
-            "build_ext --inplace` for this torch, or `bash scripts/test.sh`, which does it for the "
-            "tree's own .venv.")
+        where += (
+            ", because Python puts the current directory first on its path: it shadows any "
+            "torch_kvswap installed for this torch, and reinstalling does not change that"
+        )
+    return (
+        f"{where}. Either run from another directory (then an installed torch_kvswap is "
+        f"imported), or rebuild this tree in place: `cd {tree} && {sys.executable} setup.py "
+        "build_ext --inplace` for this torch, or `bash scripts/test.sh`, which does it for the "
+        "tree's own .venv."
+    )
 
 
 def check_built_against(built: str, running: str, package_dir: Path | None = None) -> None:
@@ -91,7 +101,8 @@ def check_built_against(built: str, running: str, package_dir: Path | None = Non
         raise ImportError(
             f"torch_kvswap was built against torch {built}, but torch {running} is installed; "
             "its compiled extensions only load under the torch they were built with. "
-            + rebuild_hint(PACKAGE_DIR if package_dir is None else package_dir))
+            + rebuild_hint(PACKAGE_DIR if package_dir is None else package_dir)
+        )
 
 
 def load_core() -> None:
@@ -103,8 +114,10 @@ def load_core() -> None:
     except ImportError as exc:
         hint = BUILD_HINT
         if "undefined symbol" in str(exc):
-            hint = (f"torch_kvswap._C does not match torch {torch.__version__} (was it built against "
-                    f"another torch?). {rebuild_hint(PACKAGE_DIR)}")
+            hint = (
+                f"torch_kvswap._C does not match torch {torch.__version__} (was it built against "
+                f"another torch?). {rebuild_hint(PACKAGE_DIR)}"
+            )
         raise ImportError(f"{hint}\n(underlying error: {exc})") from exc
 
 
@@ -114,8 +127,10 @@ def _load_optional(module: str, prerequisite: str | None, recorded: dict | None 
     if recorded is not None and not recorded.get("built"):
         # A file the last build did not write: left by an earlier build,
         # maybe for another torch, whose loading could crash the process.
-        ENGINE_ERRORS[module] = ("a leftover file that the last build did not build "
-                                 f"({recorded.get('reason', 'no reason recorded')}); not loaded")
+        ENGINE_ERRORS[module] = (
+            "a leftover file that the last build did not build "
+            f"({recorded.get('reason', 'no reason recorded')}); not loaded"
+        )
         warnings.warn(f"torch_kvswap: {module} is {ENGINE_ERRORS[module]}", RuntimeWarning, stacklevel=3)
         return False
     try:
@@ -126,17 +141,22 @@ def _load_optional(module: str, prerequisite: str | None, recorded: dict | None 
         importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - any failure leaves the host engine usable
         ENGINE_ERRORS[module] = f"{type(exc).__name__}: {exc}"
-        warnings.warn(f"torch_kvswap: {module} could not be loaded ({exc}); "
-                      "copies to that device will raise", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"torch_kvswap: {module} could not be loaded ({exc}); copies to that device will raise",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return False
     return True
 
 
 #: Engine key -> (name as reports print it, its extension, the dispatch key its
 #: ``kvswap::_submit`` kernel is registered under).
-ENGINE_NAMES = {"host": ("host engine", "torch_kvswap._C", "CPU"),
-                "cuda": ("CUDA engine", "torch_kvswap._C_cuda", "CUDA"),
-                "npu": ("Ascend engine", "torch_kvswap._C_npu", "PrivateUse1")}
+ENGINE_NAMES = {
+    "host": ("host engine", "torch_kvswap._C", "CPU"),
+    "cuda": ("CUDA engine", "torch_kvswap._C_cuda", "CUDA"),
+    "npu": ("Ascend engine", "torch_kvswap._C_npu", "PrivateUse1"),
+}
 
 #: Which engine a copy goes to, by the device type of its accelerator tensor
 #: (a copy between host tensors only goes to the host engine); csrc/core/engines.cpp

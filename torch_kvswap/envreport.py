@@ -48,15 +48,18 @@ def cann_version() -> str:
 
 
 def versions() -> list[tuple[str, str]]:
-    rows = [("python", f"{platform.python_version()} ({sys.executable})"),
-            ("torch", f"{torch.__version__} ({Path(torch.__file__).parent})"),
-            ("torch CUDA", torch.version.cuda or "none (not a CUDA build)")]
+    rows = [
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("torch", f"{torch.__version__} ({Path(torch.__file__).parent})"),
+        ("torch CUDA", torch.version.cuda or "none (not a CUDA build)"),
+    ]
     npu = _dist_version("torch-npu") or _dist_version("torch_npu")
     if npu is None:
         rows.append(("torch_npu", "not installed"))
     else:
         try:
             import torch_npu  # noqa: F401
+
             rows.append(("torch_npu", npu))
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             rows.append(("torch_npu", f"{npu}, not importable: {type(exc).__name__}: {exc}"))
@@ -66,8 +69,9 @@ def versions() -> list[tuple[str, str]]:
             driver = torch.cuda.driver_version() if hasattr(torch.cuda, "driver_version") else None
         except Exception:  # noqa: BLE001
             driver = None
-        rows.append(("CUDA devices", str(torch.cuda.device_count()) if torch.cuda.is_available()
-                     else "none visible"))
+        rows.append(
+            ("CUDA devices", str(torch.cuda.device_count()) if torch.cuda.is_available() else "none visible")
+        )
         if driver:
             rows.append(("CUDA driver", str(driver)))
     return rows
@@ -109,8 +113,11 @@ def engine_rows() -> list[tuple[str, str]]:
         if key == "host":
             state = "loaded"
         elif ENGINES.get(key):
-            state = "loaded" if counts.get(key) else \
-                f"loaded, unused: no {_loader.ENGINE_NAMES[key][0].split()[0]} device visible"
+            state = (
+                "loaded"
+                if counts.get(key)
+                else f"loaded, unused: no {_loader.ENGINE_NAMES[key][0].split()[0]} device visible"
+            )
         elif module in _loader.ENGINE_ERRORS:
             state = f"built, not loadable: {_loader.ENGINE_ERRORS[module]}"
         elif entry and not entry.get("built"):
@@ -120,8 +127,14 @@ def engine_rows() -> list[tuple[str, str]]:
         rows.append((f"engine {key}", state))
     if info:
         leftovers = _loader.unrecorded_extensions(info)
-        rows.append(("files", "as recorded by the build" if not leftovers else
-                     f"not built by the recorded build, leftovers: {', '.join(leftovers)}"))
+        rows.append(
+            (
+                "files",
+                "as recorded by the build"
+                if not leftovers
+                else f"not built by the recorded build, leftovers: {', '.join(leftovers)}",
+            )
+        )
     rows.append(copies_row(counts))
     return rows
 
@@ -151,6 +164,7 @@ def vllm_rows() -> list[tuple[str, str]]:
     installed = [f"{name} {v}" for name, v in versions if v]
     if importlib.util.find_spec("vllm") is None:
         from .integrations.vllm.compat import supported_ranges
+
         return [("vLLM", f"not installed (the plug-ins need vLLM {supported_ranges()})")]
     try:
         from .integrations.vllm import check_vllm

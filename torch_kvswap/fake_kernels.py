@@ -36,9 +36,13 @@ def _swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
 
 def _check_one_device(caches, name: str) -> None:
     for i, t in enumerate(caches):
-        _refuse_unless(t.device == caches[0].device,
-                     lambda: f"{name}[{i}] is on {t.device} but {name}[0] is on "
-                             f"{caches[0].device}; all tensors of one list share a device")
+        _refuse_unless(
+            t.device == caches[0].device,
+            lambda: (
+                f"{name}[{i}] is on {t.device} but {name}[0] is on "
+                f"{caches[0].device}; all tensors of one list share a device"
+            ),
+        )
 
 
 def _refuse_meta_ids_on_real_caches(named: dict[str, torch.Tensor]) -> None:
@@ -49,10 +53,14 @@ def _refuse_meta_ids_on_real_caches(named: dict[str, torch.Tensor]) -> None:
 
     meta = [n for n, t in named.items() if t.device.type == "meta"]
     real = [(n, t) for n, t in named.items() if t.device.type != "meta" and not isinstance(t, FakeTensor)]
-    _refuse_unless(not (meta and real), lambda: (
-        f"{meta[0]} is on the meta device and holds no values, but {real[0][0]} is a real "
-        f"tensor on {real[0][1].device}: pass the block ids as int64 CPU tensors and every "
-        "cache on the device that holds it"))
+    _refuse_unless(
+        not (meta and real),
+        lambda: (
+            f"{meta[0]} is on the meta device and holds no values, but {real[0][0]} is a real "
+            f"tensor on {real[0][1].device}: pass the block ids as int64 CPU tensors and every "
+            "cache on the device that holds it"
+        ),
+    )
 
 
 #: Before torch 2.13, Inductor writes the second of two destinations that
@@ -71,11 +79,15 @@ def _refuse_shared_destinations(dst_caches) -> None:
     first: dict = {}
     for i, d in enumerate(dst_caches):
         j = first.setdefault(StorageWeakRef(d.untyped_storage()).cdata, i)
-        _refuse_unless(j == i, lambda: (
-            f"dst_caches[{j}] and dst_caches[{i}] share one storage (two halves of one stacked "
-            f"cache), and torch {torch.__version__}'s torch.compile writes such views at the "
-            "wrong place (fixed in torch 2.13). Keep K and V in separate tensors, call "
-            "swap_blocks outside the compiled region, or use torch 2.13 or newer"))
+        _refuse_unless(
+            j == i,
+            lambda: (
+                f"dst_caches[{j}] and dst_caches[{i}] share one storage (two halves of one stacked "
+                f"cache), and torch {torch.__version__}'s torch.compile writes such views at the "
+                "wrong place (fixed in torch 2.13). Keep K and V in separate tensors, call "
+                "swap_blocks outside the compiled region, or use torch 2.13 or newer"
+            ),
+        )
 
 
 def _refuse_dynamic_storage_offset(dst_caches) -> None:
@@ -85,12 +97,16 @@ def _refuse_dynamic_storage_offset(dst_caches) -> None:
     from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
     for i, d in enumerate(dst_caches):
-        _refuse_unless(is_concrete_int(d.storage_offset()), lambda: (
-            f"dst_caches[{i}] starts at a storage offset that torch.compile treats as dynamic "
-            f"({d.storage_offset()}), as a half of one stacked [num_blocks, 2, ...] or "
-            "[2, num_blocks, ...] cache does under dynamic shapes; Inductor would write it at "
-            "the wrong offset. "
-            "Compile with dynamic=False, or keep K and V in separate tensors"))
+        _refuse_unless(
+            is_concrete_int(d.storage_offset()),
+            lambda: (
+                f"dst_caches[{i}] starts at a storage offset that torch.compile treats as dynamic "
+                f"({d.storage_offset()}), as a half of one stacked [num_blocks, 2, ...] or "
+                "[2, num_blocks, ...] cache does under dynamic shapes; Inductor would write it at "
+                "the wrong offset. "
+                "Compile with dynamic=False, or keep K and V in separate tensors"
+            ),
+        )
 
 
 @torch.library.register_fake("kvswap::swap_blocks")
@@ -102,39 +118,51 @@ def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
 
     if not _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
         _compile_hooks.warn_destinations_cloned()
-    _refuse_unless(len(src_caches) == len(dst_caches),
-                 lambda: f"src_caches has {len(src_caches)} tensors but dst_caches has "
-                         f"{len(dst_caches)}")
+    _refuse_unless(
+        len(src_caches) == len(dst_caches),
+        lambda: f"src_caches has {len(src_caches)} tensors but dst_caches has {len(dst_caches)}",
+    )
     _check_one_device(src_caches, "src_caches")
     _check_one_device(dst_caches, "dst_caches")
-    _refuse_meta_ids_on_real_caches({
-        **{f"src_caches[{i}]": c for i, c in enumerate(src_caches)},
-        **{f"dst_caches[{i}]": c for i, c in enumerate(dst_caches)},
-        "src_block_ids": src_block_ids, "dst_block_ids": dst_block_ids})
+    _refuse_meta_ids_on_real_caches(
+        {
+            **{f"src_caches[{i}]": c for i, c in enumerate(src_caches)},
+            **{f"dst_caches[{i}]": c for i, c in enumerate(dst_caches)},
+            "src_block_ids": src_block_ids,
+            "dst_block_ids": dst_block_ids,
+        }
+    )
     for i, (s, d) in enumerate(zip(src_caches, dst_caches)):
-        _refuse_unless(s.dtype == d.dtype,
-                     lambda: f"src_caches[{i}] is {s.dtype} but dst_caches[{i}] is {d.dtype}")
-        _refuse_unless(s.dim() >= 1 and d.dim() >= 1,
-                     lambda: f"src_caches[{i}] and dst_caches[{i}] need a block dimension")
-        _refuse_unless(math.prod(s.shape[1:]) == math.prod(d.shape[1:]),
-                     lambda: f"src_caches[{i}] and dst_caches[{i}] differ in bytes per block")
+        _refuse_unless(
+            s.dtype == d.dtype, lambda: f"src_caches[{i}] is {s.dtype} but dst_caches[{i}] is {d.dtype}"
+        )
+        _refuse_unless(
+            s.dim() >= 1 and d.dim() >= 1,
+            lambda: f"src_caches[{i}] and dst_caches[{i}] need a block dimension",
+        )
+        _refuse_unless(
+            math.prod(s.shape[1:]) == math.prod(d.shape[1:]),
+            lambda: f"src_caches[{i}] and dst_caches[{i}] differ in bytes per block",
+        )
     for name, ids in (("src_block_ids", src_block_ids), ("dst_block_ids", dst_block_ids)):
         _refuse_unless(ids.dtype == torch.int64, lambda: f"{name} must be int64, got {ids.dtype}")
         _refuse_unless(ids.dim() == 1, lambda: f"{name} must be 1-D")
-    _refuse_unless(src_block_ids.shape[0] == dst_block_ids.shape[0],
-                 lambda: "src_block_ids and dst_block_ids must have the same length")
+    _refuse_unless(
+        src_block_ids.shape[0] == dst_block_ids.shape[0],
+        lambda: "src_block_ids and dst_block_ids must have the same length",
+    )
 
 
 @torch.library.register_fake("kvswap::_expand_block_ids_aten")
 @torch.library.register_fake("kvswap::expand_block_ids")
 def _expand_block_ids_fake(block_ids, block_size_factor, skip_count=0):
-    torch._check(block_ids.dtype == torch.int64,
-                 lambda: f"block_ids must be int64, got {block_ids.dtype}")
+    torch._check(block_ids.dtype == torch.int64, lambda: f"block_ids must be int64, got {block_ids.dtype}")
     torch._check(block_ids.dim() == 1, lambda: f"block_ids must be 1-D, got {block_ids.dim()}-D")
-    torch._check(block_size_factor >= 1,
-                 lambda: f"block_size_factor must be >= 1, got {block_size_factor}")
-    torch._check(0 <= skip_count < block_size_factor,
-                 lambda: f"skip_count must be in [0, {block_size_factor}), got {skip_count}")
+    torch._check(block_size_factor >= 1, lambda: f"block_size_factor must be >= 1, got {block_size_factor}")
+    torch._check(
+        0 <= skip_count < block_size_factor,
+        lambda: f"skip_count must be in [0, {block_size_factor}), got {skip_count}",
+    )
     n = block_ids.shape[0]
     # skip_count < f, so n*f - skip_count is negative only for n == 0.
     length = torch.sym_max(n * block_size_factor - skip_count, 0)
@@ -161,6 +189,7 @@ def _host_pinned_fake(buffer, device):
     # Only the core asks, in eager mode, before an Ascend copy; never traced.
     return True
 
+
 @torch.library.register_fake("kvswap::_host_mapped")
 def _host_mapped_fake(tensors, device):
     # Asked by the core inside swap_blocks, never traced; the fake cannot
@@ -171,8 +200,10 @@ def _host_mapped_fake(tensors, device):
 @torch.library.register_fake("kvswap::_register_region")
 def _register_region_fake(region, side, label):
     # Registration changes a process-wide table; a graph could not replay it.
-    raise RuntimeError("torch_kvswap.register_region is an eager call: register regions "
-                       "outside torch.compile (checked mode's checks run in the eager kernels)")
+    raise RuntimeError(
+        "torch_kvswap.register_region is an eager call: register regions "
+        "outside torch.compile (checked mode's checks run in the eager kernels)"
+    )
 
 
 def _plan_fake():

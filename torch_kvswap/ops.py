@@ -13,8 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["Direction", "swap_blocks_batch", "swap_blocks", "expand_block_ids",
-           "set_copy_method", "get_copy_method"]
+__all__ = [
+    "Direction",
+    "swap_blocks_batch",
+    "swap_blocks",
+    "expand_block_ids",
+    "set_copy_method",
+    "get_copy_method",
+]
 
 
 class Direction(enum.IntEnum):
@@ -75,7 +81,8 @@ def swap_blocks_batch(
             "would read here as 1 = DEVICE_TO_HOST, the reverse of the copy. Pass the direction "
             "explicitly: Direction.HOST_TO_DEVICE for vLLM's loads (CPU->GPU, "
             "is_src_access_order_any=True), Direction.DEVICE_TO_HOST for its stores (GPU->CPU, "
-            "False); see docs/ops.md (nothing was copied)")
+            "False); see docs/ops.md (nothing was copied)"
+        )
     torch.ops.kvswap.swap_blocks_batch.default(src_ptrs, dst_ptrs, sizes, int(direction))
 
 
@@ -113,12 +120,10 @@ def swap_blocks(
     break, sees every earlier write to the source caches in the same graph, and
     writes the destination caches in place (no clone).
     """
-    torch.ops.kvswap.swap_blocks.default(list(src_caches), list(dst_caches), src_block_ids,
-                                         dst_block_ids)
+    torch.ops.kvswap.swap_blocks.default(list(src_caches), list(dst_caches), src_block_ids, dst_block_ids)
 
 
-def expand_block_ids(block_ids: torch.Tensor, block_size_factor: int,
-                     skip_count: int = 0) -> torch.Tensor:
+def expand_block_ids(block_ids: torch.Tensor, block_size_factor: int, skip_count: int = 0) -> torch.Tensor:
     """Expand host block ids into device sub-block ids.
 
     Each id ``b`` becomes ``b*f, b*f+1, ..., b*f+f-1`` (``f = block_size_factor``),

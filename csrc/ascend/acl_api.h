@@ -78,16 +78,15 @@ constexpr uint32_t kHostRegPinned = 0x10000000u;
 
 struct AclApi {
   // Present in every CANN the engine supports.
-  AclError (*memcpy_async)(void* dst, size_t dest_max, const void* src, size_t count,
-                           MemcpyKind kind, AclStream stream) = nullptr;
+  AclError (*memcpy_async)(void* dst, size_t dest_max, const void* src, size_t count, MemcpyKind kind,
+                           AclStream stream) = nullptr;
   AclError (*host_unregister)(void* ptr) = nullptr;
 
   // Optional: null where this CANN lacks them.
   const char* (*get_recent_err_msg)() = nullptr;
   AclError (*memcpy_batch_async)(void** dsts, size_t* dest_maxs, void** srcs, size_t* sizes,
-                                 size_t num_batches, MemcpyBatchAttr* attrs,
-                                 size_t* attrs_indexes, size_t num_attrs, size_t* fail_index,
-                                 AclStream stream) = nullptr;
+                                 size_t num_batches, MemcpyBatchAttr* attrs, size_t* attrs_indexes,
+                                 size_t num_attrs, size_t* fail_index, AclStream stream) = nullptr;
   AclError (*capture_get_info)(AclStream stream, CaptureStatus* status, void** model_ri) = nullptr;
   // aclmdlRICaptureBegin is never called; whether it exists tells whether
   // this CANN can capture at all (see Engine::capture_state).

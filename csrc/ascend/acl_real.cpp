@@ -118,12 +118,12 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
 }
 AclError host_unregister(void* ptr) { return real().host_unregister(ptr); }
 const char* get_recent_err_msg() { return real().get_recent_err_msg(); }
-AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t* sizes,
-                            size_t num_batches, MemcpyBatchAttr* attrs, size_t* attrs_indexes,
-                            size_t num_attrs, size_t* fail_index, AclStream stream) {
+AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t* sizes, size_t num_batches,
+                            MemcpyBatchAttr* attrs, size_t* attrs_indexes, size_t num_attrs,
+                            size_t* fail_index, AclStream stream) {
   return real().memcpy_batch_async(dsts, dest_maxs, srcs, sizes, num_batches,
-                                   reinterpret_cast<aclrtMemcpyBatchAttr*>(attrs), attrs_indexes,
-                                   num_attrs, fail_index, stream);
+                                   reinterpret_cast<aclrtMemcpyBatchAttr*>(attrs), attrs_indexes, num_attrs,
+                                   fail_index, stream);
 }
 AclError capture_get_info(AclStream stream, CaptureStatus* status, void** model_ri) {
   return real().capture_get_info(stream, reinterpret_cast<aclmdlRICaptureStatus*>(status),

@@ -92,7 +92,8 @@ void check_device_to_device_alignment(const CopyBatch& b) {
   }
   TORCH_CHECK_VALUE(false, "kvswap Ascend engine: ", format_descriptor(b, i),
                     ": device-to-device copies need 64-byte-aligned source and destination "
-                    "addresses (CANN acl_rt.h, aclrtMemcpyAsync); ", left_behind(0, 0));
+                    "addresses (CANN acl_rt.h, aclrtMemcpyAsync); ",
+                    left_behind(0, 0));
 }
 
 }  // namespace
@@ -115,8 +116,7 @@ std::string Engine::acl_message(AclError err) const {
 // (so these copies follow every op already queued) and returns nullptr when
 // that fails.
 AclStream Engine::current_stream(c10::Device device) const {
-  const c10::Stream stream =
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getStream(device);
+  const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getStream(device);
   const AclStream handle = acl_stream_of(stream);
   TORCH_CHECK(handle != nullptr, "kvswap Ascend engine: the current stream of ", device,
               " has a null ACL handle (torch_npu returns one when draining its task queue fails); "
@@ -188,28 +188,33 @@ bool Engine::batch_allowed(AclStream stream) {
 void Engine::refuse_batches(AclStream stream, c10::DeviceIndex index) {
   set_batch_state(stream, BatchState::kRefused);
   if (!warned_refused_[static_cast<size_t>(index)].exchange(true)) {
-    TORCH_WARN("kvswap Ascend engine: aclrtMemcpyBatchAsync answered 207000 "
-               "(ACL_ERROR_RT_FEATURE_NOT_SUPPORT) on npu:", static_cast<int>(index),
-               "; copies on that stream take the per-descriptor path (one aclrtMemcpyAsync each) "
-               "from now on, as do those of any other stream of this device that is refused; "
-               "the stream is asked again after ", kFirstReprobe, " calls, then twice as many "
-               "each time it refuses (logged once per device)");
+    TORCH_WARN(
+        "kvswap Ascend engine: aclrtMemcpyBatchAsync answered 207000 "
+        "(ACL_ERROR_RT_FEATURE_NOT_SUPPORT) on npu:",
+        static_cast<int>(index),
+        "; copies on that stream take the per-descriptor path (one aclrtMemcpyAsync each) "
+        "from now on, as do those of any other stream of this device that is refused; "
+        "the stream is asked again after ",
+        kFirstReprobe,
+        " calls, then twice as many "
+        "each time it refuses (logged once per device)");
   }
 }
 
 void Engine::submit(const CopyBatch& b, c10::Device device) {
-  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1 && device.index() >= 0 &&
-                  device.index() < kMaxDevices,
-              "kvswap Ascend engine asked to copy on ", device);
+  TORCH_CHECK(
+      device.type() == c10::DeviceType::PrivateUse1 && device.index() >= 0 && device.index() < kMaxDevices,
+      "kvswap Ascend engine asked to copy on ", device);
   c10::DeviceGuard guard(device);
   const AclStream stream = current_stream(device);
   const Capture capture = capture_state(stream);
   if (b.direction == Direction::kDeviceToDevice) check_device_to_device_alignment(b);
   TORCH_CHECK(capture != Capture::kActive || b.count <= kMaxCapturedCopies,
-              "kvswap Ascend engine: refusing to capture ", b.count, " copies into one graph on ",
-              device, ": a captured stream holds at most ", kMaxCapturedCopies,
+              "kvswap Ascend engine: refusing to capture ", b.count, " copies into one graph on ", device,
+              ": a captured stream holds at most ", kMaxCapturedCopies,
               " copy tasks (CANN's task-capacity limit, error EE1023); split the call, or run it "
-              "outside the capture; ", left_behind(0, 0));
+              "outside the capture; ",
+              left_behind(0, 0));
   int64_t queued = 0;
   if (b.direction != Direction::kDeviceToDevice && capture == Capture::kNone &&
       api_.memcpy_batch_async != nullptr && batch_allowed(stream)) {
@@ -230,8 +235,7 @@ int64_t Engine::copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIn
   // entry's code (src/runtime/api/impl/api_impl.cc:8929-8938).
   bool probing = batch_state(stream) == BatchState::kUntried;
   for (int64_t first = 0; first < b.count;) {
-    const size_t n =
-        probing ? 1 : std::min(kMaxBatchEntries, static_cast<size_t>(b.count - first));
+    const size_t n = probing ? 1 : std::min(kMaxBatchEntries, static_cast<size_t>(b.count - first));
     // One attrs entry with index 0 covers every descriptor: attrs[k] applies
     // from attrsIndexes[k] to the next index (acl/acl_rt.h:4414), and CANN's
     // own C++ wrapper passes exactly this (acl/acl_rt_api.h:145-148).
@@ -240,9 +244,9 @@ int64_t Engine::copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIn
     attr.dstLoc = b.direction == Direction::kHostToDevice ? dev : host;
     size_t attr_index = 0;
     size_t fail_index = SIZE_MAX;
-    const AclError err = api_.memcpy_batch_async(
-        arrays.dsts + first, arrays.sizes + first, arrays.srcs + first, arrays.sizes + first, n,
-        &attr, &attr_index, 1, &fail_index, stream);
+    const AclError err =
+        api_.memcpy_batch_async(arrays.dsts + first, arrays.sizes + first, arrays.srcs + first,
+                                arrays.sizes + first, n, &attr, &attr_index, 1, &fail_index, stream);
     if (err == kAclSuccess) {
       if (probing) set_batch_state(stream, BatchState::kAccepted);
       probing = false;
@@ -265,8 +269,8 @@ int64_t Engine::copy_batched(const CopyBatch& b, AclStream stream, c10::DeviceIn
     const int64_t failed = first + static_cast<int64_t>(fail_index);
     TORCH_CHECK(false, "kvswap Ascend engine: aclrtMemcpyBatchAsync of descriptors ", first, "..",
                 first + static_cast<int64_t>(n) - 1, " failed: ", acl_message(err), "; ",
-                known ? "failed at " + format_descriptor(b, failed) : "no failing descriptor reported",
-                "; ", left_behind(first, known ? failed : first + static_cast<int64_t>(n)),
+                known ? "failed at " + format_descriptor(b, failed) : "no failing descriptor reported", "; ",
+                left_behind(first, known ? failed : first + static_cast<int64_t>(n)),
                 "; nothing was re-issued");
   }
   return b.count;
@@ -285,8 +289,8 @@ void Engine::copy_each(const CopyBatch& b, int64_t first, AclStream stream) {
 }
 
 bool Engine::stream_capturing(c10::Device device) {
-  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1,
-              "kvswap Ascend engine asked about a stream of ", device);
+  TORCH_CHECK(device.type() == c10::DeviceType::PrivateUse1, "kvswap Ascend engine asked about a stream of ",
+              device);
   c10::DeviceGuard guard(device);
   // Unknown counts as capturing: the core then does only what a capture
   // allows (it refuses to read device-resident block ids back).
@@ -300,8 +304,8 @@ void Engine::host_register(const at::Tensor& buffer, c10::Device device, bool pi
   const auto bytes = static_cast<uint64_t>(buffer.nbytes());
   if (!pin) {
     const AclError err = api_.host_unregister(ptr);
-    TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtHostUnregister of 0x", std::hex,
-                start, std::dec, " failed: ", acl_message(err));
+    TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtHostUnregister of 0x", std::hex, start,
+                std::dec, " failed: ", acl_message(err));
     registered_.erase(start);
     return;
   }
@@ -318,14 +322,15 @@ void Engine::host_register(const at::Tensor& buffer, c10::Device device, bool pi
               " host bytes at 0x", std::hex, start, std::dec,
               " in place: aclrtHostRegisterV2 needs a 4 KiB-aligned start address");
   const AclError err = api_.host_register_v2(ptr, bytes, kHostRegPinned);
-  TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtHostRegisterV2(ACL_HOST_REG_PINNED) of ",
-              bytes, " host bytes failed: ", acl_message(err));
+  TORCH_CHECK(err == kAclSuccess, "kvswap Ascend engine: aclrtHostRegisterV2(ACL_HOST_REG_PINNED) of ", bytes,
+              " host bytes failed: ", acl_message(err));
   if (!registered_host(ptr, bytes)) {
     const AclError undo = api_.host_unregister(ptr);
     if (!warned_unregistered_pin_.exchange(true)) {
-      TORCH_WARN("kvswap Ascend engine: aclrtHostRegisterV2(ACL_HOST_REG_PINNED) succeeded but "
-                 "aclrtPointerGetAttributes does not report the range as registered host memory; "
-                 "host buffers fall back to the pinned allocator (logged once)");
+      TORCH_WARN(
+          "kvswap Ascend engine: aclrtHostRegisterV2(ACL_HOST_REG_PINNED) succeeded but "
+          "aclrtPointerGetAttributes does not report the range as registered host memory; "
+          "host buffers fall back to the pinned allocator (logged once)");
     }
     TORCH_CHECK_NOT_IMPLEMENTED(
         false, "kvswap Ascend engine: ", bytes, " host bytes at 0x", std::hex, start, std::dec,
@@ -389,10 +394,8 @@ bool Engine::host_pinned(const at::Tensor& buffer, c10::Device device) {
       break;
   }
   at::globalContext().lazyInitDevice(c10::DeviceType::PrivateUse1);
-  return at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(lo),
-                                         c10::DeviceType::PrivateUse1) &&
-         at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(hi - 1),
-                                         c10::DeviceType::PrivateUse1);
+  return at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(lo), c10::DeviceType::PrivateUse1) &&
+         at::globalContext().isPinnedPtr(reinterpret_cast<const void*>(hi - 1), c10::DeviceType::PrivateUse1);
 }
 
 std::vector<std::string> Engine::report(c10::Device device) {
@@ -403,22 +406,22 @@ std::vector<std::string> Engine::report(c10::Device device) {
   const bool refused = batch && batch_state(current_stream(device)) == BatchState::kRefused;
   return {
       std::string("batch_api=") +
-          (!batch     ? "absent (aclrtMemcpyBatchAsync): one aclrtMemcpyAsync per copy"
-           : refused  ? "aclrtMemcpyBatchAsync found, refused on the current stream (207000): one "
-                        "aclrtMemcpyAsync per copy there"
-                      : "aclrtMemcpyBatchAsync found"),
-      std::string("capture_query=") +
-          (api_.capture_get_info != nullptr ? "aclmdlRICaptureGetInfo found"
-                                            : "absent (aclmdlRICaptureGetInfo): copies take the "
-                                              "per-descriptor path, legal in and out of capture"),
-      std::string("pin_in_place=") +
-          (api_.host_register_v2 != nullptr ? "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) found"
-                                            : "absent (aclrtHostRegisterV2): host mirrors use the "
-                                              "pinned allocator"),
-      std::string("pin_check=") +
-          (api_.pointer_get_attributes != nullptr ? "aclrtPointerGetAttributes found"
-                                                  : "absent (aclrtPointerGetAttributes): a pin in "
-                                                    "place is not verified"),
+          (!batch    ? "absent (aclrtMemcpyBatchAsync): one aclrtMemcpyAsync per copy"
+           : refused ? "aclrtMemcpyBatchAsync found, refused on the current stream (207000): one "
+                       "aclrtMemcpyAsync per copy there"
+                     : "aclrtMemcpyBatchAsync found"),
+      std::string("capture_query=") + (api_.capture_get_info != nullptr
+                                           ? "aclmdlRICaptureGetInfo found"
+                                           : "absent (aclmdlRICaptureGetInfo): copies take the "
+                                             "per-descriptor path, legal in and out of capture"),
+      std::string("pin_in_place=") + (api_.host_register_v2 != nullptr
+                                          ? "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) found"
+                                          : "absent (aclrtHostRegisterV2): host mirrors use the "
+                                            "pinned allocator"),
+      std::string("pin_check=") + (api_.pointer_get_attributes != nullptr
+                                       ? "aclrtPointerGetAttributes found"
+                                       : "absent (aclrtPointerGetAttributes): a pin in "
+                                         "place is not verified"),
   };
 }
 

@@ -80,12 +80,12 @@ struct Touch {
   auto name = [&](const Touch& t) {
     std::ostringstream s;
     s << (t.is_dst ? "dst_caches[" : "src_caches[") << t.pair << "] block "
-      << (t.is_dst ? did[t.j] : sid[t.j]) << " (" << (t.is_dst ? "dst_block_ids[" : "src_block_ids[")
-      << t.j << "], " << (t.is_dst ? "written" : "read") << ")";
+      << (t.is_dst ? did[t.j] : sid[t.j]) << " (" << (t.is_dst ? "dst_block_ids[" : "src_block_ids[") << t.j
+      << "], " << (t.is_dst ? "written" : "read") << ")";
     return s.str();
   };
-  TORCH_CHECK_VALUE(false, name(a), " and ", name(b), " share the bytes ", std::hex, "0x", b.begin,
-                    "..0x", std::min(a.end, b.end) - 1, std::dec, " (", std::min(a.end, b.end) - b.begin,
+  TORCH_CHECK_VALUE(false, name(a), " and ", name(b), " share the bytes ", std::hex, "0x", b.begin, "..0x",
+                    std::min(a.end, b.end) - 1, std::dec, " (", std::min(a.end, b.end) - b.begin,
                     " bytes): in one call, the bytes that one cache pair writes may not be read or "
                     "written by another pair, whose copies run concurrently");
 }
@@ -107,8 +107,7 @@ void compare_touched_blocks(const int64_t* sid, const int64_t* did, int64_t n,
       touched.push_back({begin, begin + bytes, e.pair, e.is_dst, j});
     }
   }
-  std::sort(touched.begin(), touched.end(),
-            [](const Touch& a, const Touch& b) { return a.begin < b.begin; });
+  std::sort(touched.begin(), touched.end(), [](const Touch& a, const Touch& b) { return a.begin < b.begin; });
   // The earlier blocks reaching furthest: any one, and any written one.
   const Touch* reach_any = nullptr;
   const Touch* reach_write = nullptr;
@@ -197,8 +196,8 @@ void check_cross_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n
   for (const int32_t m : found.sides) {
     const int32_t pair = m / 2;
     const bool is_dst = (m % 2) != 0;
-    suspects.push_back(extent_of(is_dst ? pairs[pair].dst : pairs[pair].src, pairs[pair].block_bytes,
-                                 pair, is_dst));
+    suspects.push_back(
+        extent_of(is_dst ? pairs[pair].dst : pairs[pair].src, pairs[pair].block_bytes, pair, is_dst));
   }
   compare_touched_blocks(sid, did, n, pairs, suspects);
 }
@@ -212,7 +211,8 @@ void check_no_aliasing_pairs(const std::vector<PairLayout>& pairs, const char* w
   const auto& [written, other] = found.first;
   TORCH_CHECK_VALUE(false, name(written), " and ", name(other), " share the bytes 0x", std::hex,
                     std::max(written.begin, other.begin), "..0x", std::min(written.end, other.end) - 1,
-                    std::dec, " of their extents, and ", why, ", so the blocks that one pair writes "
+                    std::dec, " of their extents, and ", why,
+                    ", so the blocks that one pair writes "
                     "cannot be told apart from those another pair reads or writes; pass the block ids "
                     "as CPU tensors, or turn on checked mode (KVSWAP_CHECK=1), which reads them back "
                     "and checks each block");

@@ -247,19 +247,18 @@ std::string moved_from(uint64_t a, uint64_t bytes, Side side, const Snapshot& sn
   for (const auto& r : snap.regions) {
     if (r.side != side || r.was_begin == r.was_end) continue;
     if (a >= r.was_end || a + bytes <= r.was_begin) continue;
-    const std::string now = r.begin == r.end
-                                ? "it holds none of them now"
-                                : "they are at [" + hex(r.begin) + ", " + hex(r.end) + ") now";
-    return "; those bytes were region '" + r.label + "' [" + hex(r.was_begin) + ", " +
-           hex(r.was_end) + ") until its storage was reallocated or shrunk (tensor.resize_, "
-           "untyped_storage().resize_), which may have freed them: " + now +
-           ". Aim the copy at the tensor's current memory (data_ptr() after the resize)";
+    const std::string now = r.begin == r.end ? "it holds none of them now"
+                                             : "they are at [" + hex(r.begin) + ", " + hex(r.end) + ") now";
+    return "; those bytes were region '" + r.label + "' [" + hex(r.was_begin) + ", " + hex(r.was_end) +
+           ") until its storage was reallocated or shrunk (tensor.resize_, "
+           "untyped_storage().resize_), which may have freed them: " +
+           now + ". Aim the copy at the tensor's current memory (data_ptr() after the resize)";
   }
   return "";
 }
 
-void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
-                                 uint64_t bytes, Side side, const Snapshot& snap) {
+void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a, uint64_t bytes, Side side,
+                    const Snapshot& snap) {
   const Region* nearest = nullptr;
   uint64_t distance = UINT64_MAX;
   for (const auto& r : snap.regions) {
@@ -289,8 +288,8 @@ void refuse_outside(const char* op, const char* name, int64_t i, uint64_t a,
     } else {
       how = "running " + std::to_string(a + bytes - r.end) + " bytes past its end";
     }
-    where = std::string("the nearest ") + side_name(side) + " region is '" + r.label + "' [" +
-            hex(r.begin) + ", " + hex(r.end) + "), " + how;
+    where = std::string("the nearest ") + side_name(side) + " region is '" + r.label + "' [" + hex(r.begin) +
+            ", " + hex(r.end) + "), " + how;
   }
   TORCH_CHECK_VALUE(false, op, " (checked mode): ", name, "[", i, "] = ", hex(a), " (+", bytes,
                     " bytes) is not inside any registered ", side_name(side), " region; ", where,
@@ -310,8 +309,8 @@ class RegionLookup {
 
   bool inside(uint64_t a, uint64_t b) {
     if (a < from_ || a >= to_) {
-      const size_t p = static_cast<size_t>(
-          std::upper_bound(t_.begin.begin(), t_.begin.end(), a) - t_.begin.begin());
+      const size_t p =
+          static_cast<size_t>(std::upper_bound(t_.begin.begin(), t_.begin.end(), a) - t_.begin.begin());
       from_ = p == 0 ? 0 : t_.begin[p - 1];
       to_ = p == t_.begin.size() ? UINT64_MAX : t_.begin[p];
       max_end_ = p == 0 ? 0 : t_.max_end[p - 1];
@@ -327,8 +326,8 @@ class RegionLookup {
 
 // Every span lies inside one region of `side`; the first that does not, in
 // the order given, is refused.
-void check_inside_regions(const char* op, const char* name, const std::vector<Span>& spans,
-                          Side side, const Snapshot& snap) {
+void check_inside_regions(const char* op, const char* name, const std::vector<Span>& spans, Side side,
+                          const Snapshot& snap) {
   RegionLookup lookup(snap.sides[static_cast<int>(side)]);
   for (const auto& x : spans) {
     if (!lookup.inside(x.begin, x.end)) {
@@ -350,8 +349,8 @@ constexpr int64_t kUnsortedCheckMin = 64;
 // every size, so each destination covers whole units and two byte ranges
 // share a byte exactly when they share a unit. False means "a check may
 // fail": also when the bitmap would be large (the caller then sorts).
-bool passes_unsorted(const int64_t* src, const int64_t* dst, const int64_t* size, int64_t n,
-                     bool chains, const SideTable& src_regions, const SideTable& dst_regions) {
+bool passes_unsorted(const int64_t* src, const int64_t* dst, const int64_t* size, int64_t n, bool chains,
+                     const SideTable& src_regions, const SideTable& dst_regions) {
   RegionLookup src_lookup(src_regions), dst_lookup(dst_regions);
   uint64_t lo = UINT64_MAX, end = 0, spread = 0, first = 0;
   int64_t live = 0;
@@ -406,9 +405,8 @@ bool passes_unsorted(const int64_t* src, const int64_t* dst, const int64_t* size
 
 void set_checked_mode(bool on) { g_checked_mode.store(on, std::memory_order_relaxed); }
 
-void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                         const at::Tensor& sizes, int64_t direction_code, c10::Device device,
-                         const char* op) {
+void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                         int64_t direction_code, c10::Device device, const char* op) {
   // The tensors passed plan_pointer_batch's checks: int64, 1-D, CPU, equal
   // lengths, sizes >= 0, no range that wraps.
   const DescriptorArrays arrays(src_ptrs, dst_ptrs, sizes);
@@ -473,10 +471,10 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
   for (size_t k = 1; k < dsts.size(); ++k) {
     if (dsts[k - 1].end > dsts[k].begin) {
       const int64_t a = dsts[k - 1].index, b = dsts[k].index;
-      TORCH_CHECK_VALUE(false, op, " (checked mode): the destinations of descriptors ",
-                        std::min(a, b), " and ", std::max(a, b), " overlap: dst_ptrs[", a, "] = ",
-                        hex(dst[a]), " (+", size[a], " bytes) and dst_ptrs[", b, "] = ",
-                        hex(dst[b]), " (+", size[b], " bytes). The copies of one call run "
+      TORCH_CHECK_VALUE(false, op, " (checked mode): the destinations of descriptors ", std::min(a, b),
+                        " and ", std::max(a, b), " overlap: dst_ptrs[", a, "] = ", hex(dst[a]), " (+",
+                        size[a], " bytes) and dst_ptrs[", b, "] = ", hex(dst[b]), " (+", size[b],
+                        " bytes). The copies of one call run "
                         "concurrently and in no set order, so the bytes they share end up "
                         "from either; write each destination byte once per call");
     }
@@ -495,7 +493,9 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
                         "] = ", hex(x.begin), " (+", size[i], " bytes), which descriptor ", w,
                         " writes (dst_ptrs[", w, "] = ", hex(dst[w]), ", +", size[w],
                         " bytes): a chain. The copies of one call run concurrently and in no "
-                        "set order, so descriptor ", i, " may read the bytes before or after "
+                        "set order, so descriptor ",
+                        i,
+                        " may read the bytes before or after "
                         "they are written; split the call in two");
     }
   }
@@ -504,10 +504,13 @@ void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
 void check_device_resident_ids(const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids,
                                const std::vector<PairLayout>& pairs, c10::Device device) {
   if (stream_capturing(device)) {
-    TORCH_WARN_ONCE("swap_blocks (checked mode): block ids on the device are not checked while "
-                    "the stream of ", device, " is being captured: reading them back would "
-                    "synchronize, which a capture forbids. Run the same calls once uncaptured "
-                    "in checked mode to check them");
+    TORCH_WARN_ONCE(
+        "swap_blocks (checked mode): block ids on the device are not checked while "
+        "the stream of ",
+        device,
+        " is being captured: reading them back would "
+        "synchronize, which a capture forbids. Run the same calls once uncaptured "
+        "in checked mode to check them");
     check_no_aliasing_pairs(pairs, "the block ids are on the device, which a capture cannot read back");
     return;
   }
@@ -528,8 +531,8 @@ int64_t register_region(const at::Tensor& region, c10::string_view side, c10::st
     TORCH_CHECK_VALUE(false, "side must be 'host' or 'device', got '", side, "'");
   }
   TORCH_CHECK_VALUE(region.numel() > 0, "region '", label, "' is empty; a region needs bytes");
-  TORCH_CHECK_VALUE(region.has_storage() && region.storage().data() != nullptr, "region '",
-                    label, "' has no memory of its own (", region.device(), ")");
+  TORCH_CHECK_VALUE(region.has_storage() && region.storage().data() != nullptr, "region '", label,
+                    "' has no memory of its own (", region.device(), ")");
   // The bytes the tensor's elements span (strides are never negative).
   int64_t last = 0;
   for (const auto d : c10::irange(region.dim())) last += (region.size(d) - 1) * region.stride(d);
@@ -537,8 +540,7 @@ int64_t register_region(const at::Tensor& region, c10::string_view side, c10::st
   const auto begin = reinterpret_cast<uint64_t>(region.const_data_ptr());
   const auto length = static_cast<uint64_t>((last + 1) * region.element_size());
   return RegionTable::instance().add(Region{0, begin - base, length, s, std::string(label),
-                                            region.storage().getWeakStorageImpl(), begin,
-                                            begin + length});
+                                            region.storage().getWeakStorageImpl(), begin, begin + length});
 }
 
 bool unregister_region(int64_t id) { return RegionTable::instance().remove(id); }

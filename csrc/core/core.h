@@ -32,14 +32,12 @@ c10::DispatchKey engine_key(c10::DeviceType type);
 
 // The dispatch key set that reaches `device`'s engine kernel of `op`, or a
 // NotImplementedError saying which engine is missing and how to get it.
-c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device,
-                               const char* purpose);
+c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device, const char* purpose);
 
 // Whether the current stream of `device` is being captured into a graph,
 // as its engine reports through `kvswap::_stream_capturing`. The host, and
 // an engine that does not serve the query, never capture.
 bool stream_capturing(c10::Device device);
-
 
 // Descriptor tables are recycled: a table is taken from this pool and goes
 // back when its last reference drops (the engine holds one until the copy no
@@ -115,8 +113,7 @@ struct Descriptors {
   // Appends one copy, merged into the last one when both of its sides
   // continue that one's. Does not touch total_bytes.
   void append(int64_t s, int64_t d, int64_t bytes) {
-    if (count > 0 && src_[count - 1] + size_[count - 1] == s &&
-        dst_[count - 1] + size_[count - 1] == d) {
+    if (count > 0 && src_[count - 1] + size_[count - 1] == s && dst_[count - 1] + size_[count - 1] == d) {
       size_[count - 1] += bytes;
       return;
     }
@@ -200,8 +197,7 @@ std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList d
 // Every host tensor of `src_caches` and `dst_caches` lies in page-locked
 // memory, as the engine of `device` sees it (kvswap::_host_pinned); a
 // ValueError names the first that does not and says how to pin it.
-void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches,
-                              c10::Device device);
+void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device);
 
 // A block-id tensor: int64 and 1-D.
 void check_ids_tensor(const at::Tensor& ids, const char* name);
@@ -209,8 +205,7 @@ void check_ids_tensor(const at::Tensor& ids, const char* name);
 // Every id in range for every tensor it indexes, no destination block written
 // twice, no block both read and written when a pair shares memory, and no
 // pair writing what another pair reads or writes (check_cross_pair_aliasing).
-void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n,
-                     const std::vector<PairLayout>& pairs);
+void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n, const std::vector<PairLayout>& pairs);
 
 // --- aliasing.cpp: one pair's writes against the other pairs ---------------
 
@@ -255,9 +250,8 @@ inline bool checked_mode() { return g_checked_mode.load(std::memory_order_relaxe
 // destinations overlap, and (where sources and destinations share an address
 // space) no descriptor reads what another writes. `op` names the call in
 // the error.
-void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                         const at::Tensor& sizes, int64_t direction, c10::Device device,
-                         const char* op);
+void check_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                         int64_t direction, c10::Device device, const char* op);
 
 // Block ids on the device, which the kernel path never reads on the host:
 // read back (a synchronization) and checked like host ids; skipped with one

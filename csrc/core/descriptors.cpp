@@ -73,8 +73,7 @@ Descriptors order_by_source(Descriptors d) {
     for (uint64_t& v : order) v &= 0xffffffffu;  // keep the indices
   } else {
     for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = static_cast<uint64_t>(i);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](uint64_t a, uint64_t b) { return src[a] < src[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return src[a] < src[b]; });
   }
   Descriptors out(n);
   const int64_t* dst = d.dst();
@@ -91,10 +90,11 @@ Descriptors order_by_source(Descriptors d) {
 // bases and strides in registers and vectorizes; the x86-64-v4 clone (AVX-512,
 // with 64-bit vector multiplies) is picked at load time where the CPU has it
 // and halves the cost per descriptor.
-KVSWAP_CLONE_FOR_AVX512 void emit_per_block(int64_t* __restrict s, int64_t* __restrict d, int64_t* __restrict z,
-                    const int64_t* __restrict sid, const int64_t* __restrict did, int64_t n,
-                    int64_t src_base, int64_t src_stride, int64_t dst_base, int64_t dst_stride,
-                    int64_t block_bytes) {
+KVSWAP_CLONE_FOR_AVX512 void emit_per_block(int64_t* __restrict s, int64_t* __restrict d,
+                                            int64_t* __restrict z, const int64_t* __restrict sid,
+                                            const int64_t* __restrict did, int64_t n, int64_t src_base,
+                                            int64_t src_stride, int64_t dst_base, int64_t dst_stride,
+                                            int64_t block_bytes) {
   for (int64_t j = 0; j < n; ++j) {
     s[j] = src_base + sid[j] * src_stride;
     d[j] = dst_base + did[j] * dst_stride;
@@ -137,8 +137,8 @@ Descriptors plan_pointer_batch(const at::Tensor& src_ptrs, const at::Tensor& dst
     TORCH_CHECK_VALUE(d + b > d, "dst_ptrs[", i, "] + sizes[", i, "] overflows the address space");
     // Only meaningful when both addresses are in one address space, but a
     // copy onto itself is a caller bug in every direction.
-    TORCH_CHECK_VALUE(s + b <= d || d + b <= s, "descriptor ", i, ": source [", src[i], ", +",
-                      bytes, ") and destination [", dst[i], ", +", bytes, ") overlap");
+    TORCH_CHECK_VALUE(s + b <= d || d + b <= s, "descriptor ", i, ": source [", src[i], ", +", bytes,
+                      ") and destination [", dst[i], ", +", bytes, ") overlap");
     TORCH_CHECK_VALUE(total <= kInt64Max - bytes, "sizes: total byte count overflows int64 at index ", i);
     total += bytes;
     out.append(src[i], dst[i], bytes);

@@ -57,11 +57,10 @@ const char* engine_hint(c10::DeviceType type) {
 
 }  // namespace
 
-c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device,
-                               const char* purpose) {
+c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device, const char* purpose) {
   const auto key = engine_key(device.type());
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device,
-                              " ", purpose, ": ", engine_hint(device.type()));
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device, " ", purpose,
+                              ": ", engine_hint(device.type()));
   return c10::DispatchKeySet(key);
 }
 
@@ -71,8 +70,8 @@ void submit(const Descriptors& d, Direction direction, c10::Device device) {
   }
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("kvswap::_submit", "")
-                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         int64_t, int64_t, c10::Device)>();
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                         int64_t, c10::Device)>();
   auto [src, dst, size] = d.rows();
   op.redispatch(engine_for(op, device, "to copy"), src, dst, size, static_cast<int64_t>(direction),
                 d.total_bytes, device);
@@ -110,8 +109,7 @@ std::string direction_name_op(int64_t direction) { return direction_name(directi
 // Host-buffer pinning is the accelerator engine's business; the core only
 // checks the buffer and routes the call to the engine of `device`.
 void host_register(const at::Tensor& buffer, c10::Device device, bool pin) {
-  TORCH_CHECK_VALUE(buffer.device().is_cpu(), "buffer must be a CPU tensor, got one on ",
-                    buffer.device());
+  TORCH_CHECK_VALUE(buffer.device().is_cpu(), "buffer must be a CPU tensor, got one on ", buffer.device());
   TORCH_CHECK_VALUE(buffer.is_contiguous(), "buffer must be contiguous");
   TORCH_CHECK_NOT_IMPLEMENTED(!device.is_cpu(), "device must be an accelerator; host memory ",
                               "needs no pinning for the host engine");

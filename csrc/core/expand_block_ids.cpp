@@ -23,8 +23,8 @@ ExpandShape check_expand_args(const at::Tensor& block_ids, int64_t factor, int64
   TORCH_CHECK_VALUE(skip_count >= 0 && skip_count < factor, "skip_count must be in [0, ",
                     "block_size_factor) = [0, ", factor, "), got ", skip_count);
   const int64_t n = block_ids.numel();
-  TORCH_CHECK_VALUE(n <= kInt64Max / factor, "block_ids has ", n,
-                    " entries; times block_size_factor ", factor, " overflows int64");
+  TORCH_CHECK_VALUE(n <= kInt64Max / factor, "block_ids has ", n, " entries; times block_size_factor ",
+                    factor, " overflows int64");
   return {n, n == 0 ? 0 : n * factor - skip_count, (kInt64Max - (factor - 1)) / factor};
 }
 
@@ -46,8 +46,8 @@ at::Tensor expand_with_tensor_ops(const at::Tensor& block_ids, int64_t factor, i
     const int64_t lo = block_ids.min().item<int64_t>();
     const int64_t hi = block_ids.max().item<int64_t>();
     TORCH_CHECK_VALUE(lo >= 0, "block_ids contains ", lo, "; block ids must be >= 0");
-    TORCH_CHECK_VALUE(hi <= shape.max_id, "block_ids contains ", hi, "; times block_size_factor ",
-                      factor, " overflows int64");
+    TORCH_CHECK_VALUE(hi <= shape.max_id, "block_ids contains ", hi, "; times block_size_factor ", factor,
+                      " overflows int64");
   }
   auto offsets = at::arange(factor, block_ids.options());
   auto all = (block_ids.unsqueeze(1) * factor + offsets.unsqueeze(0)).reshape({-1});
@@ -66,8 +66,8 @@ at::Tensor expand_block_ids(const at::Tensor& block_ids, int64_t factor, int64_t
   for (const auto j : c10::irange(shape.n)) {
     const int64_t b = accessor[j];
     TORCH_CHECK_VALUE(b >= 0, "block_ids[", j, "] is ", b, "; block ids must be >= 0");
-    TORCH_CHECK_VALUE(b <= shape.max_id, "block_ids[", j, "] = ", b, " times block_size_factor ",
-                      factor, " overflows int64");
+    TORCH_CHECK_VALUE(b <= shape.max_id, "block_ids[", j, "] = ", b, " times block_size_factor ", factor,
+                      " overflows int64");
     const int64_t first = (j == 0) ? skip_count : 0;
     for (int64_t f = first; f < factor; ++f) {
       o[k++] = b * factor + f;

@@ -16,14 +16,14 @@ namespace kvswap {
 namespace core {
 
 // --- ops.cpp: the copy ops and their dry runs, the copy method --------------
-void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                       const at::Tensor& sizes, int64_t direction);
+void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                       int64_t direction);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::Tensor& src_ptrs,
                                                                       const at::Tensor& dst_ptrs,
                                                                       const at::Tensor& sizes,
                                                                       int64_t direction);
-void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
-                 const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids);
+void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at::Tensor& src_block_ids,
+                 const at::Tensor& dst_block_ids);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList src_caches,
                                                                 at::TensorList dst_caches,
                                                                 const at::Tensor& src_block_ids,

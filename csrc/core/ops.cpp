@@ -51,8 +51,8 @@ struct PointerPlan {
   c10::Device device;
 };
 
-PointerPlan plan_pointer_op(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                            const at::Tensor& sizes, int64_t direction) {
+PointerPlan plan_pointer_op(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                            int64_t direction) {
   const auto device = pointer_op_device();
   return before_any_copy([&] {
     auto plan = plan_pointer_batch(src_ptrs, dst_ptrs, sizes, direction, device);
@@ -65,8 +65,8 @@ PointerPlan plan_pointer_op(const at::Tensor& src_ptrs, const at::Tensor& dst_pt
 
 }  // namespace
 
-void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                       const at::Tensor& sizes, int64_t direction) {
+void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                       int64_t direction) {
   const auto plan = plan_pointer_op(src_ptrs, dst_ptrs, sizes, direction);
   // An empty plan asks no engine.
   submit(plan.descriptors, static_cast<Direction>(direction), plan.device);
@@ -111,8 +111,8 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
   }
   if (src_dev.is_cpu()) return {std::move(pairs), Direction::kHostToDevice, dst_dev};
   if (dst_dev.is_cpu()) return {std::move(pairs), Direction::kDeviceToHost, src_dev};
-  TORCH_CHECK_VALUE(src_dev == dst_dev, "src_caches are on ", src_dev, " but dst_caches are on ",
-                    dst_dev, "; copies between two accelerators are not supported");
+  TORCH_CHECK_VALUE(src_dev == dst_dev, "src_caches are on ", src_dev, " but dst_caches are on ", dst_dev,
+                    "; copies between two accelerators are not supported");
   return {std::move(pairs), Direction::kDeviceToDevice, src_dev};
 }
 
@@ -120,16 +120,16 @@ BlockCopyRoute route_block_copy(at::TensorList src_caches, at::TensorList dst_ca
 // ids on an accelerator are brought over (a synchronizing copy). swap_blocks
 // never comes here with device ids during capture (choose_path); the dry run
 // `_plan_swap_blocks` can, and is refused.
-Descriptors check_ids_and_build_descriptors(const BlockCopyRoute& route,
-                                            const at::Tensor& src_block_ids,
+Descriptors check_ids_and_build_descriptors(const BlockCopyRoute& route, const at::Tensor& src_block_ids,
                                             const at::Tensor& dst_block_ids) {
-  TORCH_CHECK_VALUE((src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) ||
-                        !stream_capturing(route.device),
-                    "swap_blocks: the current stream of ", route.device, " is being captured, and "
-                    "block ids on ", src_block_ids.device().is_cpu() ? dst_block_ids.device()
-                                                                      : src_block_ids.device(),
-                    " would have to be read back to the host, which synchronizes and is illegal "
-                    "during capture; pass the block ids as CPU tensors");
+  TORCH_CHECK_VALUE(
+      (src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu()) || !stream_capturing(route.device),
+      "swap_blocks: the current stream of ", route.device,
+      " is being captured, and "
+      "block ids on ",
+      src_block_ids.device().is_cpu() ? dst_block_ids.device() : src_block_ids.device(),
+      " would have to be read back to the host, which synchronizes and is illegal "
+      "during capture; pass the block ids as CPU tensors");
   const auto sid_t = src_block_ids.to(at::kCPU).contiguous();
   const auto did_t = dst_block_ids.to(at::kCPU).contiguous();
   const int64_t* sid = sid_t.const_data_ptr<int64_t>();
@@ -188,13 +188,12 @@ std::string get_copy_method() {
 
 namespace {
 
-const c10::TypedOperatorHandle<void(at::TensorList, at::TensorList, const at::Tensor&,
-                                    const at::Tensor&)>&
+const c10::TypedOperatorHandle<void(at::TensorList, at::TensorList, const at::Tensor&, const at::Tensor&)>&
 kernel_path_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_swap_blocks_kernel", "")
-                             .typed<void(at::TensorList, at::TensorList, const at::Tensor&,
-                                         const at::Tensor&)>();
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("kvswap::_swap_blocks_kernel", "")
+          .typed<void(at::TensorList, at::TensorList, const at::Tensor&, const at::Tensor&)>();
   return op;
 }
 
@@ -247,8 +246,8 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
   };
   // A capture may record descriptors only of page-locked host memory.
   auto check_capturable_descriptors = [&] {
-    TORCH_CHECK_VALUE(!capturing || mapped().value_or(true), "swap_blocks: the current stream of ",
-                      device, " is being captured, and a host-side cache is pageable memory, which "
+    TORCH_CHECK_VALUE(!capturing || mapped().value_or(true), "swap_blocks: the current stream of ", device,
+                      " is being captured, and a host-side cache is pageable memory, which "
                       "no copy may touch during capture; pin the host caches (pin_memory=True, or "
                       "KVCacheOffloader's mirrors)");
   };
@@ -257,16 +256,23 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
     TORCH_CHECK_NOT_IMPLEMENTED(kernel_available, "copy method 'kernel' was requested but the engine for ",
                                 device, " has no kernel path; use 'auto' or 'dma'");
     TORCH_CHECK_VALUE(mapped().value_or(false), "copy method 'kernel': a host-side cache is host memory ",
-                      device, " cannot address; the kernel path needs pinned host memory "
+                      device,
+                      " cannot address; the kernel path needs pinned host memory "
                       "(pin_memory=True, or registered); use set_copy_method('dma') otherwise");
     return Path::kKernel;
   }
   if (method == CopyMethod::kDma) {
-    TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: copy method 'dma' reads block ids on the "
-                      "host, and the ids on ", host_ids ? device : (src_block_ids.device().is_cpu()
-                      ? dst_block_ids.device() : src_block_ids.device()), " would have to be read back, "
-                      "which synchronizes and is illegal while the stream of ", device, " is captured; "
-                      "pass CPU ids, or use copy method 'auto' (device ids then take the kernel path)");
+    TORCH_CHECK_VALUE(
+        host_ids || !capturing,
+        "swap_blocks: copy method 'dma' reads block ids on the "
+        "host, and the ids on ",
+        host_ids ? device
+                 : (src_block_ids.device().is_cpu() ? dst_block_ids.device() : src_block_ids.device()),
+        " would have to be read back, "
+        "which synchronizes and is illegal while the stream of ",
+        device,
+        " is captured; "
+        "pass CPU ids, or use copy method 'auto' (device ids then take the kernel path)");
     check_capturable_descriptors();
     return Path::kDescriptors;
   }
@@ -282,10 +288,10 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
   }
   TORCH_CHECK_VALUE(host_ids || !capturing, "swap_blocks: the current stream of ", device,
                     " is being captured, and block ids on the device can then only be read by a "
-                    "copy kernel, which ", kernel_available
-                        ? "needs every host-side cache in pinned memory; pin the host caches or "
-                          "pass the block ids as CPU tensors"
-                        : "this engine does not have; pass the block ids as CPU tensors");
+                    "copy kernel, which ",
+                    kernel_available ? "needs every host-side cache in pinned memory; pin the host caches or "
+                                       "pass the block ids as CPU tensors"
+                                     : "this engine does not have; pass the block ids as CPU tensors");
   check_capturable_descriptors();
   return Path::kDescriptors;
 }
@@ -309,21 +315,21 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
       check_no_aliasing_pairs(pairs, "the block ids are on the device, where they are not read back");
     }
   });
-  kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches,
-                              sid, did);
+  kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches, sid,
+                              did);
 }
 
 }  // namespace
 
-void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches,
-                 const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids) {
-  const auto route = before_any_copy(
-      [&] { return route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids); });
+void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at::Tensor& src_block_ids,
+                 const at::Tensor& dst_block_ids) {
+  const auto route =
+      before_any_copy([&] { return route_block_copy(src_caches, dst_caches, src_block_ids, dst_block_ids); });
   if (!route.device.is_cpu() && before_any_copy([&] {
-        return choose_path(route, src_caches, dst_caches, src_block_ids, dst_block_ids);
-      }) == Path::kKernel) {
-    swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs,
-                          route.device);
+                                  return choose_path(route, src_caches, dst_caches, src_block_ids,
+                                                     dst_block_ids);
+                                }) == Path::kKernel) {
+    swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs, route.device);
     // The kernel reads or writes the mapped host caches when it runs.
     record_host_use(src_caches, dst_caches, route.device);
     return;

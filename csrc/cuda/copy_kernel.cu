@@ -45,13 +45,9 @@ __device__ __forceinline__ void run(const P& p) {
 
 }  // namespace
 
-__global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel(const CopyParams p) {
-  run(p);
-}
+__global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel(const CopyParams p) { run(p); }
 
-__global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel_large(const LargeOrSmall p) {
-  run(p);
-}
+__global__ void __launch_bounds__(kCopyThreads) copy_blocks_kernel_large(const LargeOrSmall p) { run(p); }
 
 // The launch entries of the real runtime table (cuda_api_real.cpp). Each
 // returns cudaLaunchKernel's answer, which may be an error of an earlier

@@ -71,7 +71,8 @@ struct CopyParamsN {
 using CopyParams = CopyParamsN<kSmallBlobBytes>;
 using CopyParamsLarge = CopyParamsN<kLargeBlobBytes>;
 static_assert(sizeof(CopyParams) <= kSmallParamLimit, "kernel parameters must fit in 4 KiB");
-static_assert(sizeof(CopyParamsLarge) <= kLargeParamLimit, "large kernel parameters must fit in 32,764 bytes");
+static_assert(sizeof(CopyParamsLarge) <= kLargeParamLimit,
+              "large kernel parameters must fit in 32,764 bytes");
 static_assert(sizeof(KernelPair) % 8 == 0, "inline ids follow the pairs aligned");
 
 template <class P>
@@ -118,8 +119,12 @@ inline CopyStats& copy_stats() {
   static CopyStats stats;
   return stats;
 }
-#define KVSWAP_COPY_STAT(width, n) \
-  (::kvswap::cuda::copy_stats().bytes[(width) == 16 ? 4 : (width) == 8 ? 3 : (width) == 4 ? 2 : (width) == 2 ? 1 : 0] += (n))
+#define KVSWAP_COPY_STAT(width, n)                       \
+  (::kvswap::cuda::copy_stats().bytes[(width) == 16  ? 4 \
+                                      : (width) == 8 ? 3 \
+                                      : (width) == 4 ? 2 \
+                                      : (width) == 2 ? 1 \
+                                                     : 0] += (n))
 #else
 #define KVSWAP_COPY_STAT(width, n) ((void)0)
 #endif
@@ -184,7 +189,9 @@ KVSWAP_HD void copy_item(const P& p, int pair, int64_t item, int tid, int nthrea
 
 // Work items of a launch.
 template <class P>
-KVSWAP_HD int64_t work_items(const P& p) { return p.n * p.slices; }
+KVSWAP_HD int64_t work_items(const P& p) {
+  return p.n * p.slices;
+}
 
 }  // namespace cuda
 }  // namespace kvswap

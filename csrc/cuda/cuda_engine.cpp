@@ -51,8 +51,8 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,14 +85,14 @@ std::string describe_error(cudaError_t err) {
 }
 
 // Checks a runtime call's answer; `what` names the call in the message.
-#define KVSWAP_CUDA_CHECK_NAMED(answer, what, ...)                                           \
-  do {                                                                                       \
-    const cudaError_t kvswap_err_ = (answer);                                                \
-    if (kvswap_err_ != cudaSuccess) {                                                        \
-      clear_last_error();                                                                    \
+#define KVSWAP_CUDA_CHECK_NAMED(answer, what, ...)                                               \
+  do {                                                                                           \
+    const cudaError_t kvswap_err_ = (answer);                                                    \
+    if (kvswap_err_ != cudaSuccess) {                                                            \
+      clear_last_error();                                                                        \
       TORCH_CHECK(false, "kvswap CUDA engine: ", what, " failed: ", describe_error(kvswap_err_), \
-                  ". ", ##__VA_ARGS__);                                                      \
-    }                                                                                        \
+                  ". ", ##__VA_ARGS__);                                                          \
+    }                                                                                            \
   } while (0)
 #define KVSWAP_CUDA_CHECK(call, ...) KVSWAP_CUDA_CHECK_NAMED(call, #call, ##__VA_ARGS__)
 
@@ -101,8 +101,7 @@ constexpr int kMaxDevices = 64;
 int checked_index(c10::Device device) {
   TORCH_CHECK(device.is_cuda(), "kvswap CUDA engine asked to work on ", device);
   const int index = device.has_index() ? device.index() : 0;
-  TORCH_CHECK(index >= 0 && index < kMaxDevices, "kvswap CUDA engine: device index ", index,
-              " out of range");
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "kvswap CUDA engine: device index ", index, " out of range");
   return index;
 }
 
@@ -134,8 +133,9 @@ class DeviceScope {
     clear_last_error();
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
-      TORCH_WARN("kvswap CUDA engine: could not make cuda:", previous_, " current again after working on cuda:",
-                 device_, " (", why, "); cuda:", device_, " stays current");
+      TORCH_WARN("kvswap CUDA engine: could not make cuda:", previous_,
+                 " current again after working on cuda:", device_, " (", why, "); cuda:", device_,
+                 " stays current");
     }
   }
 
@@ -234,11 +234,11 @@ bool batch_resolved() {
     const cudaError_t r = a.runtime_get_version(&runtime);
     const cudaError_t d = a.driver_get_version(&driver);
     if (r != cudaSuccess || d != cudaSuccess) clear_last_error();
-    state.usable = r == cudaSuccess && d == cudaSuccess && runtime >= kBatchMinVersion &&
-                   driver >= kBatchMinVersion;
+    state.usable =
+        r == cudaSuccess && d == cudaSuccess && runtime >= kBatchMinVersion && driver >= kBatchMinVersion;
     if (!state.usable) {
-      TORCH_WARN("kvswap CUDA engine: cudaMemcpyBatchAsync needs CUDA 12.8 in both the runtime (",
-                 runtime, ") and the driver (", driver, "); copying one descriptor at a time");
+      TORCH_WARN("kvswap CUDA engine: cudaMemcpyBatchAsync needs CUDA 12.8 in both the runtime (", runtime,
+                 ") and the driver (", driver, "); copying one descriptor at a time");
     }
   });
   return state.usable;
@@ -261,9 +261,11 @@ int64_t parsed_max_batch(const char* text) {
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text, &end, 10);
-  TORCH_CHECK_VALUE(end != text && *end == '\0' && errno == 0 && value >= 1, "kvswap CUDA engine: ",
-                    kMaxBatchEnv, "='", text, "' is not a descriptor count: expected a whole number of at "
-                    "least 1 (the default is ", kDefaultMaxBatch, "); set one, or unset the variable");
+  TORCH_CHECK_VALUE(end != text && *end == '\0' && errno == 0 && value >= 1,
+                    "kvswap CUDA engine: ", kMaxBatchEnv, "='", text,
+                    "' is not a descriptor count: expected a whole number of at "
+                    "least 1 (the default is ",
+                    kDefaultMaxBatch, "); set one, or unset the variable");
   return value;
 }
 
@@ -290,8 +292,8 @@ bool means_unsupported(cudaError_t err) {
 
 void turn_batch_off(int device, cudaError_t err) {
   if (!batch_state().off[static_cast<size_t>(device)].exchange(true)) {
-    TORCH_WARN("kvswap CUDA engine: cudaMemcpyBatchAsync on cuda:", device, " answered ",
-               describe_error(err), "; copying one descriptor at a time on that device from now on");
+    TORCH_WARN("kvswap CUDA engine: cudaMemcpyBatchAsync on cuda:", device, " answered ", describe_error(err),
+               "; copying one descriptor at a time on that device from now on");
   }
 }
 
@@ -315,9 +317,9 @@ void copy_each(const CopyBatch& b, cudaStream_t stream, bool& queued) {
   const CudaApi& a = api();
   const cudaMemcpyKind kind = memcpy_kind(b.direction);
   for (int64_t i = 0; i < b.count; ++i) {
-    KVSWAP_CUDA_CHECK(a.memcpy_async(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]),
-                                     kind, stream),
-                      format_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");
+    KVSWAP_CUDA_CHECK(
+        a.memcpy_async(as_ptr(b.dst[i]), as_ptr(b.src[i]), static_cast<size_t>(b.size[i]), kind, stream),
+        format_descriptor(b, i), i > 0 ? "; " + copies_left_behind(i, b.count) : "");
     queued = true;
   }
 }
@@ -383,7 +385,8 @@ std::string batch_failure(const CopyBatch& b, cudaError_t err, int64_t first, in
 bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, int64_t cap,
                   std::vector<at::Tensor> keep_alive) {
   const int64_t calls = (b.count + cap - 1) / cap;
-  auto args = std::make_shared<std::vector<BatchAttr>>(static_cast<size_t>(calls), batch_attr(b.direction, device));
+  auto args =
+      std::make_shared<std::vector<BatchAttr>>(static_cast<size_t>(calls), batch_attr(b.direction, device));
   const DescriptorArrays arrays = descriptor_arrays(b);
   for (int64_t first = 0; first < b.count; first += cap) {
     const int64_t n = std::min(cap, b.count - first);
@@ -540,8 +543,9 @@ void launch_all(const KernelCall& c, P& params,
         for (int64_t j = 0; j < count; ++j) *ids++ = static_cast<int32_t>(c.did_host[first_id + j]);
       }
       KVSWAP_CUDA_CHECK(launch(&params, grid_x_for(count * c.slices), static_cast<unsigned>(np), c.stream),
-                        "launching the block copy kernel (", sizeof(P), "-byte parameters) for ids ", first_id,
-                        "..", first_id + count - 1, " of pairs ", first_pair, "..", first_pair + np - 1,
+                        "launching the block copy kernel (", sizeof(P), "-byte parameters) for ids ",
+                        first_id, "..", first_id + count - 1, " of pairs ", first_pair, "..",
+                        first_pair + np - 1,
                         queued ? "; " + launched_before(first_id, first_id + count - 1, first_pair) : "");
       queued = true;
     }
@@ -744,8 +748,9 @@ void host_register_cuda(const at::Tensor& buffer, c10::Device device, bool pin) 
   const auto start = reinterpret_cast<uintptr_t>(ptr);
   if (pin) {
     // Mapped, so the kernel path can address it; portable, for every device.
-    KVSWAP_CUDA_CHECK(api().host_register(ptr, buffer.nbytes(), cudaHostRegisterMapped | cudaHostRegisterPortable),
-                      "pinning ", buffer.nbytes(), " host bytes");
+    KVSWAP_CUDA_CHECK(
+        api().host_register(ptr, buffer.nbytes(), cudaHostRegisterMapped | cudaHostRegisterPortable),
+        "pinning ", buffer.nbytes(), " host bytes");
     registrations().add(start, buffer.nbytes());
   } else {
     KVSWAP_CUDA_CHECK(api().host_unregister(ptr));
@@ -760,7 +765,8 @@ void set_cuda_api(const CudaApi* table) {
 }
 
 void set_max_batch_descriptors(int64_t count) {
-  TORCH_CHECK_VALUE(count >= 1, "kvswap CUDA engine: descriptors per cudaMemcpyBatchAsync call must be at least 1, got ",
+  TORCH_CHECK_VALUE(count >= 1,
+                    "kvswap CUDA engine: descriptors per cudaMemcpyBatchAsync call must be at least 1, got ",
                     count);
   batch_state().max_batch.store(count, std::memory_order_relaxed);
 }

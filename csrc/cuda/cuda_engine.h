@@ -56,8 +56,7 @@ struct CudaApi {
   cudaError_t (*device_get_attribute)(int*, cudaDeviceAttr, int);
 
   // Launches copy_blocks_kernel (copy_kernel.cu) with kCopyThreads threads.
-  cudaError_t (*launch_copy)(const CopyParams* params, unsigned grid_x, unsigned grid_y,
-                             cudaStream_t stream);
+  cudaError_t (*launch_copy)(const CopyParams* params, unsigned grid_x, unsigned grid_y, cudaStream_t stream);
   // The same kernel with the 32,764-byte parameter block (copy_kernel.h);
   // null when the build has none (a toolkit before 12.1, or device code for
   // an architecture before sm_70).

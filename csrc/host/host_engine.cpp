@@ -32,7 +32,8 @@ namespace {
 // OpenMP parallel region in this file, and without -fopenmp it silently runs
 // on one thread. setup.py passes -fopenmp whenever torch's backend is OpenMP.
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)
-#error "torch's parallel backend is OpenMP: compile the host engine with -fopenmp, or at::parallel_for runs on one thread"
+#error \
+    "torch's parallel backend is OpenMP: compile the host engine with -fopenmp, or at::parallel_for runs on one thread"
 #endif
 
 // The copy threads are torch's intra-op threads. They are the threads that
@@ -189,8 +190,7 @@ __attribute__((target("avx2"), always_inline)) inline void stream_chunk(char* d,
 // with non-temporal stores (no read-for-ownership of the destination), while
 // prefetching the m pieces of the next group at the same offsets, so the
 // prefetch runs a steady group ahead of the loads, page boundaries included.
-__attribute__((target("avx2"))) void copy_group_stream(Piece* group, int n, const Piece* next,
-                                                       int m) {
+__attribute__((target("avx2"))) void copy_group_stream(Piece* group, int n, const Piece* next, int m) {
   size_t common = SIZE_MAX;
   for (int k = 0; k < n; ++k) {
     Piece& p = group[k];
@@ -248,8 +248,7 @@ void stream_pieces(Pieces pieces) {
 
 // Copies bytes [offset, offset + bytes) of the batch, counted from
 // descriptor `first` on.
-void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t bytes,
-                     CopyMode mode) {
+void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t bytes, CopyMode mode) {
   const Pieces pieces(b, first, offset, bytes);
   if (mode == CopyMode::kStream) {
     stream_pieces(pieces);
@@ -264,8 +263,7 @@ void copy_byte_range(const CopyBatch& b, int64_t first, int64_t offset, int64_t 
 // `stream` falls back to memcpy without AVX2.
 CopyMode resolve_mode(CopyMode mode, int64_t total_bytes) {
   if (mode == CopyMode::kAuto) {
-    return (cpu_has_avx2() && total_bytes >= kStreamThreshold) ? CopyMode::kStream
-                                                               : CopyMode::kMemcpy;
+    return (cpu_has_avx2() && total_bytes >= kStreamThreshold) ? CopyMode::kStream : CopyMode::kMemcpy;
   }
   if (mode == CopyMode::kStream && !cpu_has_avx2()) return CopyMode::kMemcpy;
   return mode;
@@ -277,8 +275,7 @@ CopyMode resolve_mode(CopyMode mode, int64_t total_bytes) {
 // (tests/test_swap_blocks_batch.py::test_batches_from_1_mib_on_are_split_across_the_threads).
 int split_parts(int64_t total_bytes) {
   if (total_bytes < kParallelThreshold || !threads_usable()) return 1;
-  return static_cast<int>(
-      std::min<int64_t>(at::get_num_threads(), total_bytes / (kParallelThreshold / 2)));
+  return static_cast<int>(std::min<int64_t>(at::get_num_threads(), total_bytes / (kParallelThreshold / 2)));
 }
 
 void copy_batch(const CopyBatch& b) {
@@ -353,9 +350,7 @@ void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
 }  // namespace
 }  // namespace kvswap
 
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
-  m.impl("_submit", &kvswap::submit_host);
-}
+TORCH_LIBRARY_IMPL(kvswap, CPU, m) { m.impl("_submit", &kvswap::submit_host); }
 
 TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
   m.impl("_host_copy_plan", &kvswap::host_copy_plan);

@@ -15,6 +15,7 @@ def cann(case: str) -> list[str]:
     """The node id of a case of tests/fake_npu/cases_cann.py."""
     return [f"tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-{case}]"]
 
+
 MUTANTS = [
     dict(
         name="ascend-batch-api-assumed-present",
@@ -24,7 +25,7 @@ MUTANTS = [
         replace="batch_allowed(stream)",
         tests=FAKE,
         why="finding 1: a CANN without aclrtMemcpyBatchAsync loses every copy "
-            "(test_1_engine_copies_without_the_batch_api)",
+        "(test_1_engine_copies_without_the_batch_api)",
     ),
     dict(
         name="ascend-207000-not-latched",
@@ -34,7 +35,7 @@ MUTANTS = [
         replace="    if (false) {\n",
         tests=FAKE,
         why="finding 2: 207000 from the batch API fails the copy instead of taking the "
-            "per-descriptor path (test_2_batch_207000_latches_the_per_descriptor_path_once_per_device)",
+        "per-descriptor path (test_2_batch_207000_latches_the_per_descriptor_path_once_per_device)",
     ),
     dict(
         name="ascend-capture-query-failure-throws",
@@ -42,10 +43,10 @@ MUTANTS = [
         where="Engine::capture_state",
         find="  if (err == kAclFeatureNotSupported) return Capture::kNone;\n",
         replace="  if (err == kAclFeatureNotSupported) return Capture::kNone;\n"
-                "  TORCH_CHECK(false, \"aclmdlRICaptureGetInfo failed: \", acl_message(err));\n",
+        "  TORCH_CHECK(false, \"aclmdlRICaptureGetInfo failed: \", acl_message(err));\n",
         tests=FAKE,
         why="finding 2: a failing capture query fails every host<->device copy "
-            "(test_2_failing_capture_query_takes_the_per_descriptor_path)",
+        "(test_2_failing_capture_query_takes_the_per_descriptor_path)",
     ),
     dict(
         name="ascend-register-maps-instead-of-pinning",
@@ -80,11 +81,11 @@ MUTANTS = [
         where="Engine::copy_batched",
         find="        &attr, &attr_index, 1, &fail_index, stream);",
         replace="        std::vector<MemcpyBatchAttr>(n, attr).data(),\n"
-                "        [n] { std::vector<size_t> i(n); for (size_t k = 0; k < n; ++k) i[k] = k; return i; }().data(),\n"
-                "        n + 0 * attr_index, &fail_index, stream);",
+        "        [n] { std::vector<size_t> i(n); for (size_t k = 0; k < n; ++k) i[k] = k; return i; }().data(),\n"
+        "        n + 0 * attr_index, &fail_index, stream);",
         tests=FAKE,
         why="finding 6: one attrs entry per descriptor instead of one with index 0 "
-            "(test_6_batch_passes_one_attrs_entry)",
+        "(test_6_batch_passes_one_attrs_entry)",
     ),
     dict(
         name="ascend-descriptor-table-held-after-submit",
@@ -92,11 +93,11 @@ MUTANTS = [
         where="submit_kernel",
         find="  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n",
         replace="  static std::vector<at::Tensor> held;  // kept until the next call, as an in-flight record would\n"
-                "  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n"
-                "  held = {src_ptrs, dst_ptrs, sizes};\n",
+        "  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n"
+        "  held = {src_ptrs, dst_ptrs, sizes};\n",
         tests=FAKE,
         why="finding 7: the descriptor arrays are held after the call "
-            "(test_7_descriptor_table_is_released_when_submit_returns)",
+        "(test_7_descriptor_table_is_released_when_submit_returns)",
     ),
     dict(
         name="ascend-batch-not-split",
@@ -114,7 +115,7 @@ MUTANTS = [
         replace="",
         tests=FAKE,
         why="finding 9: device-resident ids are read back during capture "
-            "(test_9_device_ids_under_capture_are_refused)",
+        "(test_9_device_ids_under_capture_are_refused)",
     ),
     dict(
         name="ascend-capture-capacity-unchecked",
@@ -124,7 +125,7 @@ MUTANTS = [
         replace="TORCH_CHECK(capture == capture || b.count <= kMaxCapturedCopies,",
         tests=FAKE,
         why="finding 9: a capture past the task capacity fails midway (EE1023) "
-            "(test_9_capture_over_the_task_capacity_is_refused)",
+        "(test_9_capture_over_the_task_capacity_is_refused)",
     ),
     dict(
         name="ascend-error-hides-queued-copies",
@@ -134,7 +135,7 @@ MUTANTS = [
         replace="format_descriptor(b, i), \": \", acl_message(err));",
         tests=FAKE,
         why="finding 10: the error does not say copies 0..i-1 were queued "
-            "(test_10_error_names_the_copies_already_queued)",
+        "(test_10_error_names_the_copies_already_queued)",
     ),
     dict(
         name="ascend-pinned-use-not-recorded",
@@ -144,7 +145,7 @@ MUTANTS = [
         replace="",
         tests=FAKE,
         why="finding 11: a pinned tensor freed after the call is reused mid-copy "
-            "(test_11_pinned_tensor_freed_after_the_call_is_not_reused_mid_copy)",
+        "(test_11_pinned_tensor_freed_after_the_call_is_not_reused_mid_copy)",
     ),
     dict(
         name="ascend-d2d-alignment-unchecked",
@@ -154,9 +155,8 @@ MUTANTS = [
         replace="  if (b.direction == Direction::kDeviceToDevice && b.count < 0) check_device_to_device_alignment(b);\n",
         tests=FAKE,
         why="finding 12: unaligned device-to-device copies are queued "
-            "(test_12_unaligned_device_to_device_copy_is_refused_before_queuing)",
+        "(test_12_unaligned_device_to_device_copy_is_refused_before_queuing)",
     ),
-
     # --- CANN's own behaviour, as the engine handles it -------------------------------------------
     dict(
         name="ascend-207000-latch-device-wide",
@@ -164,10 +164,12 @@ MUTANTS = [
         where="Engine::batch_allowed",
         find="  auto it = batch_states_.find(stream);\n  if (it == batch_states_.end() || it->second.state",
         replace="  auto it = batch_states_.empty() ? batch_states_.end() : batch_states_.begin();\n"
-                "  if (it == batch_states_.end() || it->second.state",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
-               "test_2_batch_207000_latches_the_per_descriptor_path_once_per_device]",
-               *cann("test_a_refused_first_batch_latches_and_copies_per_descriptor")],
+        "  if (it == batch_states_.end() || it->second.state",
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+            "test_2_batch_207000_latches_the_per_descriptor_path_once_per_device]",
+            *cann("test_a_refused_first_batch_latches_and_copies_per_descriptor"),
+        ],
         why="a refusal for one stream must not latch the others",
     ),
     dict(
@@ -205,7 +207,7 @@ MUTANTS = [
         replace="left_behind(first, known ? failed : first)",
         tests=cann("test_batch_error_without_a_failing_index_says_the_batch_may_be_queued"),
         why="without a failing index CANN may have queued part of the batch "
-            "(api_impl.cc:8932-8935, api_impl_david.cc:863-867)",
+        "(api_impl.cc:8932-8935, api_impl_david.cc:863-867)",
     ),
     dict(
         name="ascend-batch-error-with-index-hides-queued-prefix",
@@ -224,7 +226,7 @@ MUTANTS = [
         replace="left_behind(i, i));",
         tests=cann("test_per_descriptor_error_says_the_failed_copy_may_be_partly_queued"),
         why="CANN splits a large copy into tasks (api_impl_david.cc:941-950): a failed copy "
-            "may be queued in part",
+        "may be queued in part",
     ),
     dict(
         name="ascend-pin-not-verified",
@@ -359,7 +361,7 @@ MUTANTS = [
         where="location_of",
         find="    case Kind::kMapped:\n    case Kind::kRecorded:\n      return MemLocationType::kHost;\n",
         replace="    case Kind::kMapped:\n      return MemLocationType::kHost;\n    case Kind::kRecorded:\n"
-                "      return MemLocationType::kUnregistered;\n",
+        "      return MemLocationType::kUnregistered;\n",
         tests=cann("test_a_pin_without_the_driver_feature_only_records"),
         why="npu_driver_mem.cc:2073-2074 reports a recorded range as HOST: the engine cannot tell",
     ),
@@ -395,7 +397,7 @@ MUTANTS = [
         where="memcpy_batch_async",
         find="  Stream* s = resolve(handle);\n  // A chip without the feature",
         replace="  if (n > kMaxBatchCount) return rt().error(kRtParamInvalid, \"cap\");\n"
-                "  Stream* s = resolve(handle);\n  // A chip without the feature",
+        "  Stream* s = resolve(handle);\n  // A chip without the feature",
         tests=cann("test_only_the_ub_pageable_route_caps_a_batch_at_4096"),
         why="the async check has no cap (api_error.cc:7344-7386)",
     ),
@@ -407,7 +409,7 @@ MUTANTS = [
         replace="    if (false) {\n",
         tests=cann("test_only_the_ub_pageable_route_caps_a_batch_at_4096"),
         why="the driver refuses more than 4096 entries with DRV_ERROR_NOT_SUPPORT "
-            "(ascend_hal_base.h:2105), 207000 (api_c_memory.cc:791)",
+        "(ascend_hal_base.h:2105), 207000 (api_c_memory.cc:791)",
     ),
     dict(
         name="fake-acl-unregister-code",
@@ -432,11 +434,13 @@ MUTANTS = [
         where="FakeGuardImpl::destroyEvent",
         find="    if (e->queued_records > 0) {\n",
         replace="    if (false) {\n",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
-               "test_an_event_destroyed_before_its_record_ran_is_freed_when_it_runs]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
+            "test_an_event_destroyed_before_its_record_ran_is_freed_when_it_runs]"
+        ],
         why="aclrtDestroyEvent before the event completes frees it when it completes "
-            "(CANN 8.0 aclcppdevg_03_0082); freeing it at once made Stream.wait_stream's "
-            "queued record write freed memory, a crash on some machines",
+        "(CANN 8.0 aclcppdevg_03_0082); freeing it at once made Stream.wait_stream's "
+        "queued record write freed memory, a crash on some machines",
     ),
     dict(
         name="ascend-partly-registered-tensor-asks-the-ends",
@@ -446,8 +450,8 @@ MUTANTS = [
         replace="    case Coverage::kPartial:\n      break;\n",
         tests=cann("test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are"),
         why="issue 25: a pageable gap between two registrations was accepted, since the "
-            "runtime answers HOST at both ends; CANN judges a copy by its start address "
-            "(api_impl.cc:8799, :8814)",
+        "runtime answers HOST at both ends; CANN judges a copy by its start address "
+        "(api_impl.cc:8799, :8814)",
     ),
     dict(
         name="ascend-registered-tensor-without-the-runtimes-opinion",
@@ -466,7 +470,7 @@ MUTANTS = [
         replace="        : true\n",
         tests=cann("test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed"),
         why="issue 25: a registration neither confirmed nor undone was reported like one that "
-            "registered nothing, and the offloader freed memory CANN still had registered",
+        "registered nothing, and the offloader freed memory CANN still had registered",
     ),
     dict(
         name="ascend-submit-without-device-guard",
@@ -474,10 +478,12 @@ MUTANTS = [
         where="Engine::submit",
         find="              \"kvswap Ascend engine asked to copy on \", device);\n  c10::DeviceGuard guard(device);\n",
         replace="              \"kvswap Ascend engine asked to copy on \", device);\n",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_paths-"
-               "test_batch_path_names_the_device_of_the_copy]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_paths-"
+            "test_batch_path_names_the_device_of_the_copy]"
+        ],
         why="issue 25 (a revert that survived): without the guard, a copy for npu:1 runs with "
-            "npu:0 current, and CANN refuses npu:1's stream there (107003, api_impl.cc:2882-2883)",
+        "npu:0 current, and CANN refuses npu:1's stream there (107003, api_impl.cc:2882-2883)",
     ),
     dict(
         name="fake-acl-stream-of-another-context-accepted",
@@ -485,10 +491,12 @@ MUTANTS = [
         where="check_context",
         find="  if (s->device == current) return 0;\n",
         replace="  if (true) return 0;\n",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
-               "test_a_copy_on_a_stream_of_another_device_is_refused]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_fake_rules-"
+            "test_a_copy_on_a_stream_of_another_device_is_refused]"
+        ],
         why="ACL_ERROR_RT_STREAM_CONTEXT (rt_error_codes.h:24): a stream of another context is "
-            "refused (api_impl.cc:2882-2883, api_impl_david.cc:818-820, :924-925)",
+        "refused (api_impl.cc:2882-2883, api_impl_david.cc:818-820, :924-925)",
     ),
     dict(
         name="ascend-refused-stream-never-probed-again",
@@ -498,7 +506,7 @@ MUTANTS = [
         replace="  return false;\n",
         tests=cann("test_a_refused_stream_is_probed_again_with_backoff"),
         why="issue 25: a refused one-entry probe latched the stream for good, though the "
-            "refusal may have been the entry's memory",
+        "refusal may have been the entry's memory",
     ),
     dict(
         name="ascend-reprobe-without-backoff",
@@ -517,7 +525,7 @@ MUTANTS = [
         replace="  for (size_t i = 0; i < n; ++i) {\n",
         tests=cann("test_batch_error_at_the_first_entry_of_a_later_part_names_only_the_queued_parts"),
         why="CANN reads or copies the arrays and never writes them (api_impl.cc:8887-8939, "
-            "api_impl_david.cc:860-862); clobbered on failure, error texts printed 0xdead0000",
+        "api_impl_david.cc:860-862); clobbered on failure, error texts printed 0xdead0000",
     ),
     dict(
         name="fake-acl-jetty-limit-on-every-chip",
@@ -536,15 +544,17 @@ MUTANTS = [
         replace="  if (rt().batch_refused_streams.count({s->device, s->id}) != 0) {\n",
         tests=cann("test_refusals_for_a_device_and_for_one_stream"),
         why="CANN refuses only a stream bound to a sub-graph capture (api_error.cc:7382-7384, "
-            "capture_model_utils.cc:421-441)",
+        "capture_model_utils.cc:421-441)",
     ),
     dict(
         name="ascend-batch-cap-one-over",
         file="csrc/ascend/ascend_engine.h",
         find="constexpr size_t kMaxBatchEntries = 4096;",
         replace="constexpr size_t kMaxBatchEntries = 4097;",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
-               "test_8_a_call_is_split_at_the_4096_entry_cap]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+            "test_8_a_call_is_split_at_the_4096_entry_cap]"
+        ],
         why="issue 36 item 4: a batch of 4097 entries on CANN's UB route with pageable memory is refused (207000)",
     ),
     dict(
@@ -552,8 +562,10 @@ MUTANTS = [
         file="csrc/ascend/ascend_engine.h",
         find="constexpr size_t kMaxBatchEntries = 4096;",
         replace="constexpr size_t kMaxBatchEntries = 4095;",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
-               "test_8_a_call_is_split_at_the_4096_entry_cap]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+            "test_8_a_call_is_split_at_the_4096_entry_cap]"
+        ],
         why="issue 36 item 4: 4096 entries, the cap itself, go in one call",
     ),
 ]

@@ -37,7 +37,7 @@ MUTANTS = [
         replace="    return a < max_end_;",
         tests=_OPS,
         why="a descriptor that starts inside a region but runs past its end (an id one past "
-            "the last block) must be refused, in small calls and large",
+        "the last block) must be refused, in small calls and large",
     ),
     dict(
         name="checked-region-side-ignored",
@@ -47,7 +47,7 @@ MUTANTS = [
         replace="const Side dst_side = Side::kHost;",
         tests=_OPS,
         why="a destination must lie in a region of the side the direction names (descriptors "
-            "aimed at the wrong buffer)",
+        "aimed at the wrong buffer)",
     ),
     dict(
         name="checked-freed-region-kept",
@@ -64,10 +64,10 @@ MUTANTS = [
         where="RegionTable::snapshot",
         find="      const auto now = current_bytes(r, *storage);",
         replace="      const auto now = r.begin != r.end ? std::make_pair(r.begin, r.end)\n"
-                "                                        : current_bytes(r, *storage);",
+        "                                        : current_bytes(r, *storage);",
         tests=_REGIONS,
         why="a storage reallocated or freed by resize_ (FSDP's resize_(0)) leaves its old bytes "
-            "to the allocator: a region must not vouch for them",
+        "to the allocator: a region must not vouch for them",
     ),
     dict(
         name="checked-region-table-rebuilt-per-registration",
@@ -77,7 +77,7 @@ MUTANTS = [
         replace="    publish();\n    return id;",
         tests=_REGIONS,
         why="rebuilding the table at each registration makes building an offloader quadratic "
-            "in its cache tensors",
+        "in its cache tensors",
     ),
     dict(
         name="checked-offloader-caches-registered-as-host",
@@ -226,7 +226,7 @@ MUTANTS = [
         replace="found = self._first_hit(self._store_reading[h, dev] > 1,",
         tests=_HAZARDS,
         why="a load into device blocks a pending store reads may run first (the lanes are not "
-            "ordered): the store saves the loaded bytes",
+        "ordered): the store saves the loaded bytes",
     ),
     dict(
         name="checked-loads-of-two-lanes-allowed",
@@ -235,8 +235,7 @@ MUTANTS = [
         find='other_lane = "expedited" if lane == "load" else "load"',
         replace='other_lane = "expedited" if lane == "expedited" else "load"',
         tests=_HAZARDS,
-        why="an ordinary and an expedited load of one device block race: it ends up with "
-            "either's bytes",
+        why="an ordinary and an expedited load of one device block race: it ends up with either's bytes",
     ),
     dict(
         name="checked-reported-store-not-marked-stored",

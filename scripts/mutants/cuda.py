@@ -12,14 +12,14 @@ MUTANTS = [
         replace="void clear_last_error() {}",
         tests=[FAKE + "::test_finding_1_failed_calls_do_not_leave_the_last_error"],
         why="review finding 1: a failed cudaHostRegister or a cudaErrorNotReady from polling stays "
-            "the runtime's last error, and torch's next launch check raises it",
+        "the runtime's last error, and torch's next launch check raises it",
     ),
     dict(
         name="cuda-batch-api-by-build-only",
         file="csrc/cuda/cuda_engine.cpp",
         where="batch_resolved",
         find="state.usable = r == cudaSuccess && d == cudaSuccess && runtime >= kBatchMinVersion &&\n"
-             "                   driver >= kBatchMinVersion;",
+        "                   driver >= kBatchMinVersion;",
         replace="state.usable = true;",
         tests=[FAKE + "::test_finding_2_the_batch_api_is_resolved_at_run_time"],
         why="review finding 2: a 12.8+ runtime under an older driver calls the batch API anyway",
@@ -29,11 +29,11 @@ MUTANTS = [
         file="csrc/cuda/cuda_engine.cpp",
         where="means_unsupported",
         find="  return err == cudaErrorNotSupported || err == cudaErrorInsufficientDriver ||\n"
-             "         err == cudaErrorCallRequiresNewerDriver;",
+        "         err == cudaErrorCallRequiresNewerDriver;",
         replace="  return false;",
         tests=[FAKE + "::test_finding_2_an_unsupported_batch_api_latches_per_descriptor_copies"],
         why="review finding 2: 'not supported' / 'insufficient driver' fails the copy instead of "
-            "falling back to per-descriptor copies for that device",
+        "falling back to per-descriptor copies for that device",
     ),
     dict(
         name="cuda-batch-attrs-per-descriptor",
@@ -41,9 +41,9 @@ MUTANTS = [
         where="copy_batched",
         find="static_cast<size_t>(n), &a.attr, &a.index, 1, &fail_index, stream);",
         replace="static_cast<size_t>(n), std::vector<cudaMemcpyAttributes>(static_cast<size_t>(n), a.attr).data(),\n"
-                "[n] { std::vector<size_t> i(static_cast<size_t>(n)); "
-                "for (size_t k = 0; k < i.size(); ++k) i[k] = k; return i; }().data(),\n"
-                "static_cast<size_t>(n), &fail_index, stream);",
+        "[n] { std::vector<size_t> i(static_cast<size_t>(n)); "
+        "for (size_t k = 0; k < i.size(); ++k) i[k] = k; return i; }().data(),\n"
+        "static_cast<size_t>(n), &fail_index, stream);",
         tests=[FAKE + "::test_finding_3_one_attrs_entry_with_index_zero"],
         why="review finding 3: one attrs entry and one index per descriptor, built on every call",
     ),
@@ -55,7 +55,7 @@ MUTANTS = [
         replace="",
         tests=[FAKE + "::test_finding_4_polling_in_flight_batches_leaves_another_threads_capture_valid"],
         why="review finding 4: cudaEventQuery while another thread captures in global mode fails "
-            "and invalidates that capture",
+        "and invalidates that capture",
     ),
     dict(
         name="cuda-pointer-attributes-before-the-guard",
@@ -65,7 +65,7 @@ MUTANTS = [
         replace="  (void)index;\n  std::optional<RelaxedCaptureMode> relaxed;",
         tests=[FAKE + "::test_finding_5_pointer_attributes_once_per_host_storage_with_the_device_current"],
         why="review finding 5: cudaPointerGetAttributes answers for the current device, which is "
-            "not yet the target device",
+        "not yet the target device",
     ),
     dict(
         name="cuda-pointer-attributes-per-tensor",
@@ -90,8 +90,8 @@ MUTANTS = [
         where="copy_bytes",
         find="  if ((rel & 15) == 0) {\n    copy_words<Vec16>(from, to, bytes, tid, nthreads);\n  } else if",
         replace="  if (((rel | static_cast<uintptr_t>(bytes)) & 15) == 0) {\n"
-                "    copy_words<Vec16>(from, to, bytes, tid, nthreads);\n  } else if (true) {\n"
-                "    copy_words<uint8_t>(from, to, bytes, tid, nthreads);\n  } else if",
+        "    copy_words<Vec16>(from, to, bytes, tid, nthreads);\n  } else if (true) {\n"
+        "    copy_words<uint8_t>(from, to, bytes, tid, nthreads);\n  } else if",
         tests=[FAKE + "::test_finding_7_sizes_not_a_multiple_of_16_copy_in_16_byte_words"],
         why="review finding 7: a block size that is not a multiple of 16 bytes is copied byte by byte",
     ),
@@ -101,11 +101,13 @@ MUTANTS = [
         where="swap_blocks_by_kernel",
         find="  const auto sid = src_block_ids.contiguous();\n  const auto did = dst_block_ids.contiguous();",
         replace="  const auto sid = src_block_ids.to(device, /*non_blocking=*/false).contiguous();\n"
-                "  const auto did = dst_block_ids.to(device, /*non_blocking=*/false).contiguous();",
-        tests=[FAKE + "::test_host_ids_on_the_kernel_path_under_capture_need_no_transfer",
-               FAKE + "::test_copies_land_on_the_stream_without_syncing"],
+        "  const auto did = dst_block_ids.to(device, /*non_blocking=*/false).contiguous();",
+        tests=[
+            FAKE + "::test_host_ids_on_the_kernel_path_under_capture_need_no_transfer",
+            FAKE + "::test_copies_land_on_the_stream_without_syncing",
+        ],
         why="capture: host ids went to the device with a pageable, synchronizing copy, illegal "
-            "under capture and a stall for the offloader's store()/load()",
+        "under capture and a stall for the offloader's store()/load()",
     ),
     dict(
         name="cuda-device-ids-under-capture-refused",
@@ -115,7 +117,7 @@ MUTANTS = [
         replace="small",
         tests=[FAKE + "::test_auto_routes_device_ids_under_capture_to_the_kernel"],
         why="capture: device ids with large blocks were refused (or read back) instead of taking "
-            "the kernel, which reads them at replay",
+        "the kernel, which reads them at replay",
     ),
     dict(
         name="cuda-capture-query-unregistered",
@@ -135,18 +137,18 @@ MUTANTS = [
         replace="      free_.push_back(event);\n      live_.pop_back();\n      throw;",
         tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
         why="a batch whose event could not be recorded is released while its copy is queued; the "
-            "pool hands its descriptor table to the next call",
+        "pool hands its descriptor table to the next call",
     ),
     dict(
         name="cuda-inflight-held-after-the-event",
         file="csrc/engine_common.h",
         where="InFlightArrays::hold",
         find="    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});\n"
-             "    Entry& entry = live_.back();  // deque: push_back keeps references valid\n"
-             "    const Event event = free_.empty() ? Runtime::create_event() : take_free();",
+        "    Entry& entry = live_.back();  // deque: push_back keeps references valid\n"
+        "    const Event event = free_.empty() ? Runtime::create_event() : take_free();",
         replace="    const Event event = free_.empty() ? Runtime::create_event() : take_free();\n"
-                "    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});\n"
-                "    Entry& entry = live_.back();",
+        "    live_.push_back(Entry{Event{}, stream, false, std::move(tensors), std::move(extra)});\n"
+        "    Entry& entry = live_.back();",
         tests=[FAKE + "::test_a_batch_whose_event_fails_stays_held"],
         why="a failed cudaEventCreateWithFlags after a queued batch releases its descriptor table",
     ),
@@ -183,7 +185,7 @@ MUTANTS = [
         file="csrc/core/ops.cpp",
         where="swap_blocks",
         find="    // The kernel reads or writes the mapped host caches when it runs.\n"
-             "    record_host_use(src_caches, dst_caches, route.device);\n",
+        "    record_host_use(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=[FAKE + "::test_a_pinned_host_tensor_freed_while_its_copy_is_queued_is_not_reused"],
         why="a pinned tensor freed after a queued kernel is handed out again before the kernel ran",
@@ -197,7 +199,7 @@ MUTANTS = [
         replace="",
         tests=[FAKE + "::test_the_pointer_query_is_safe_under_capture_either_way"],
         why="where cudaPointerGetAttributes is a potentially unsafe call, asking it in global mode "
-            "during capture fails and invalidates the capture",
+        "during capture fails and invalidates the capture",
     ),
     dict(
         name="cuda-pointer-query-errors-read-as-unmapped",
@@ -207,7 +209,7 @@ MUTANTS = [
         replace="  if (err != cudaSuccess) {\n    clear_last_error();\n    return false;\n  }",
         tests=[FAKE + "::test_after_a_sticky_error_every_call_answers_it"],
         why="a sticky error from the pointer query reads as 'not mapped' and the message blames the "
-            "caller's memory",
+        "caller's memory",
     ),
     # --- kernel parameters ---
     dict(
@@ -309,7 +311,7 @@ MUTANTS = [
         replace='format_descriptor(b, i));',
         tests=[FAKE + "::test_a_per_copy_failure_names_the_descriptors_already_queued_and_they_land"],
         why="a failure at descriptor k of the per-copy path must say that descriptors 0..k-1 were queued "
-            "and will still run",
+        "and will still run",
     ),
     dict(
         name="cuda-submit-error-does-not-say-nothing-was-copied",
@@ -317,8 +319,10 @@ MUTANTS = [
         where="submit_cuda",
         find="    copy_each(batch, stream, queued);\n  } catch (c10::Error& e) {\n    if (!queued) e.add_context(kNothingCopied);",
         replace="    copy_each(batch, stream, queued);\n  } catch (c10::Error& e) {",
-        tests=[FAKE + "::test_an_engine_error_before_any_copy_says_nothing_was_copied",
-               FAKE + "::test_a_failure_of_the_first_copy_says_nothing_was_copied"],
+        tests=[
+            FAKE + "::test_an_engine_error_before_any_copy_says_nothing_was_copied",
+            FAKE + "::test_a_failure_of_the_first_copy_says_nothing_was_copied",
+        ],
         why="an engine error raised before any copy was queued must say that nothing was copied",
     ),
     dict(
@@ -329,7 +333,7 @@ MUTANTS = [
         replace="      if (copy_batched(",
         tests=[FAKE + "::test_a_failed_batch_says_its_copies_may_have_been_queued"],
         why="a failed batch call may have queued part of its copies: its error must not say nothing "
-            "was copied",
+        "was copied",
     ),
     dict(
         name="cuda-kernel-error-hides-earlier-launches",
@@ -356,10 +360,12 @@ MUTANTS = [
         where="host_mapped_cuda",
         find="    switch (registrations().coverage(lo, hi, starts)) {",
         replace="    (void)registrations().coverage(lo, hi, starts);\n    switch (Coverage::kNone) {",
-        tests=[FAKE + "::test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it",
-               FAKE + "::test_a_registered_prefix_does_not_make_the_whole_tensor_mapped"],
+        tests=[
+            FAKE + "::test_a_registered_view_at_an_offset_is_mapped_and_the_kernel_copies_into_it",
+            FAKE + "::test_a_registered_prefix_does_not_make_the_whole_tensor_mapped",
+        ],
         why="only the storage base is asked: a registered view at an offset reads as pageable, a "
-            "registered prefix as mapped for the whole tensor (the kernel touches unregistered pages)",
+        "registered prefix as mapped for the whole tensor (the kernel touches unregistered pages)",
     ),
     dict(
         name="cuda-registration-gap-ignored",
@@ -367,11 +373,13 @@ MUTANTS = [
         where="RegisteredRanges::coverage",
         find="    if (it->first > covered) return Coverage::kPartial;  // a gap before this one\n",
         replace="",
-        tests=[FAKE + "::test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are",
-               "tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
-               "test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are]"],
+        tests=[
+            FAKE + "::test_a_gap_between_two_registrations_is_not_mapped_and_adjacent_ones_are",
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
+            "test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are]",
+        ],
         why="a pageable page between two registrations reads as mapped (CUDA) or pinned "
-            "(Ascend): both engines share RegisteredRanges",
+        "(Ascend): both engines share RegisteredRanges",
     ),
     dict(
         name="cuda-mapped-without-the-runtimes-opinion",
@@ -390,7 +398,7 @@ MUTANTS = [
         replace="  return {first, first + t.nbytes()};",
         tests=[FAKE + "::test_a_strided_host_view_is_judged_by_every_byte_it_spans"],
         why="a strided view is judged by as many bytes as its elements, from its first: its last "
-            "rows may lie outside the registration",
+        "rows may lie outside the registration",
     ),
     # --- the device (issue 25) ---
     dict(
@@ -410,7 +418,7 @@ MUTANTS = [
         replace="  if (n == 0 || pairs.empty()) return;\n\n",
         tests=[FAKE + "::test_copies_on_a_device_that_is_not_current"],
         why="the kernel launches with another device current: refused on its stream, or run on "
-            "the wrong device's legacy stream",
+        "the wrong device's legacy stream",
     ),
     dict(
         name="cuda-submit-without-device-scope",
@@ -473,8 +481,7 @@ MUTANTS = [
         find="  if (s->capture != nullptr) invalidate(s->capture);\n  return note(api, s, err);",
         replace="  return note(api, s, err);",
         tests=[FAKE + "::test_fake_rule_a_failed_copy_or_launch_invalidates_the_capture"],
-        why="a failed copy or launch inside a capture leaves it valid, and the partial graph "
-            "instantiates",
+        why="a failed copy or launch inside a capture leaves it valid, and the partial graph instantiates",
     ),
     dict(
         name="cuda-report-claims-the-capture-info-query",
@@ -493,7 +500,7 @@ MUTANTS = [
         replace="  if (kernel_available && (small || (!host_ids && capturing)) && mapped().value_or(false)) {",
         tests=[FAKE + "::test_a_capture_of_many_large_blocks_stays_a_few_graph_nodes"],
         why="issue 25: under capture with host ids and blocks of 32 KiB or more, every "
-            "descriptor became its own memcpy node (layers x blocks of them)",
+        "descriptor became its own memcpy node (layers x blocks of them)",
     ),
     dict(
         name="fake-cuda-current-stream-process-wide",
@@ -503,7 +510,7 @@ MUTANTS = [
         replace="  w.current.at(static_cast<size_t>(device)) = stream;\n",
         tests=[FAKE + "::test_the_current_stream_is_per_thread"],
         why="torch's current stream is per thread (c10/cuda/CUDAStream.cpp); process-wide, a "
-            "copy could land on another thread's stream unnoticed",
+        "copy could land on another thread's stream unnoticed",
     ),
     dict(
         name="cuda-batch-uncapped",
@@ -511,10 +518,12 @@ MUTANTS = [
         where="submit_cuda",
         find="      const int64_t cap = max_batch();\n",
         replace="      const int64_t cap = std::max<int64_t>(batch.count, 1);\n",
-        tests=[FAKE + "::test_a_call_is_split_into_batches_of_at_most_the_cap",
-               FAKE + "::test_a_call_of_100000_descriptors_lands_byte_exact"],
+        tests=[
+            FAKE + "::test_a_call_is_split_into_batches_of_at_most_the_cap",
+            FAKE + "::test_a_call_of_100000_descriptors_lands_byte_exact",
+        ],
         why="issue 36 item 4: every descriptor of a call went into one cudaMemcpyBatchAsync; one of "
-            "51,828 crashed the process (vLLM #49276)",
+        "51,828 crashed the process (vLLM #49276)",
     ),
     dict(
         name="cuda-batch-cap-one-over",

@@ -121,7 +121,7 @@ MUTANTS = [
         replace='f"-L{npu_root / \'lib\'}", ',
         tests=[T + "::test_ascend_build_depends_on_libtorch_npu_only_where_the_engine_calls_into_it"],
         why="under torch 2.10 the engine calls NPUStream::stream(): without the library, _C_npu fails to import "
-            "with an undefined symbol",
+        "with an undefined symbol",
     ),
     dict(
         name="install-banner-on-a-rebuild-that-compiles-nothing",
@@ -163,8 +163,10 @@ MUTANTS = [
         name="install-changed-flags-not-rebuilt",
         file="setup_helpers/build_command.py",
         where="BuildWithSummary.stale",
-        find="                or not self.stamp(e).is_file() or self.stamp(e).read_text() != self.fingerprints[e.name]]\n",
-        replace="                or not self.stamp(e).is_file()]\n",
+        find='''or not self.stamp(e).is_file()
+            or self.stamp(e).read_text() != self.fingerprints[e.name]
+''',
+        replace="or not self.stamp(e).is_file()\n",
         tests=[T + "::test_changed_compiler_flags_rebuild_an_extension_newer_than_its_sources"],
         why="a new torch, TORCH_CUDA_ARCH_LIST or KVSWAP_FAKE_COVERAGE keeps the extension built for the old one",
     ),
@@ -176,7 +178,7 @@ MUTANTS = [
         replace="        self.extensions = list(every)\n",
         tests=["tests/test_install.py::test_a_rebuild_that_compiles_nothing_needs_no_copy_in_build"],
         why="an in-place build that compiled nothing failed once build/ had lost its copy of an "
-            "extension (the wheel build drops the test fakes there), as CI's torch matrix step did",
+        "extension (the wheel build drops the test fakes there), as CI's torch matrix step did",
     ),
     dict(
         name="mutation-fast-copies-only-the-engine",
@@ -184,8 +186,10 @@ MUTANTS = [
         where="prepare_extension",
         find='        built = sorted((ROOT / "torch_kvswap").glob("_*.so"))\n',
         replace='        built = sorted((ROOT / "torch_kvswap").glob("_C*.so"))\n',
-        tests=["tests/test_mutation_check.py::"
-               "test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_included"],
+        tests=[
+            "tests/test_mutation_check.py::"
+            "test_a_python_only_run_copies_every_extension_of_the_tree_the_test_fake_included"
+        ],
         why="the --fast run's copy has no test fake: a Python mutant's fake-CUDA tests skip and CI stops",
     ),
     dict(
@@ -194,10 +198,11 @@ MUTANTS = [
         where="run_pytest",
         find="                    if name != \"__main__\" and where and not where.startswith(installed):\n",
         replace="                    if False:\n",
-        tests=["tests/test_mutation_check.py::"
-               "test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env"],
+        tests=[
+            "tests/test_mutation_check.py::test_a_forked_test_run_is_a_fresh_pytest_in_the_copy_with_its_env"
+        ],
         why="a test run forked from the harness imports the real tree's mutant_anchors (already "
-            "imported there), not the copy's: a mutant of it survives",
+        "imported there), not the copy's: a mutant of it survives",
     ),
     dict(
         name="mutation-fork-timeout-spares-the-children",
@@ -205,8 +210,10 @@ MUTANTS = [
         where="run_pytest",
         find="                os.killpg(pid, signal.SIGKILL)\n",
         replace="                os.kill(pid, signal.SIGKILL)\n",
-        tests=["tests/test_mutation_check.py::"
-               "test_a_forked_test_run_past_its_timeout_is_killed_with_its_children"],
+        tests=[
+            "tests/test_mutation_check.py::"
+            "test_a_forked_test_run_past_its_timeout_is_killed_with_its_children"
+        ],
         why="a hung mutant's test run is killed but the processes it started keep running",
     ),
 ]

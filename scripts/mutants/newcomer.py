@@ -4,7 +4,7 @@ checks, the bench's --plot check (setup_helpers/build_command.py,
 torch_kvswap/_loader.py, torch_kvswap/bench/demo.py,
 torch_kvswap/bench/throughput.py)."""
 
-I = "tests/test_install.py"
+INSTALL = "tests/test_install.py"
 D = "tests/test_demo_and_bench.py"
 U = "tests/test_demo_usage.py"
 
@@ -15,7 +15,7 @@ MUTANTS = [
         where="remove_stale_extensions",
         find="        if path.name not in keep:\n",
         replace="        if path.name not in keep and not path.name.startswith(\"_fake\"):\n",
-        tests=[I + "::test_a_build_leaves_out_every_extension_file_it_did_not_build"],
+        tests=[INSTALL + "::test_a_build_leaves_out_every_extension_file_it_did_not_build"],
         why="pip install from a tree where the tests ran installs the in-place _fake_cuda",
     ),
     dict(
@@ -24,7 +24,9 @@ MUTANTS = [
         where="_load_optional",
         find="    if recorded is not None and not recorded.get(\"built\"):\n",
         replace="    if False:\n",
-        tests=[I + "::test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_reported"],
+        tests=[
+            INSTALL + "::test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_reported"
+        ],
         why="an engine file left by a build for another torch is loaded (undefined symbols, or a crash)",
     ),
     dict(
@@ -33,7 +35,7 @@ MUTANTS = [
         where="rebuild_hint",
         find="    if not is_source_tree(package_dir):\n",
         replace="    if True:\n",
-        tests=[I + "::test_a_clone_imported_from_its_root_names_its_folder_and_the_fix"],
+        tests=[INSTALL + "::test_a_clone_imported_from_its_root_names_its_folder_and_the_fix"],
         why="a clone imported from its root is told to reinstall, which does not help",
     ),
     dict(
@@ -77,8 +79,10 @@ MUTANTS = [
         where="make_plan",
         find="    num_blocks = int(args.cache_gib * 2**30) // (tensors * per_block)\n",
         replace="    num_blocks = max(args.factor, int(args.cache_gib * 2**30) // (tensors * per_block))\n",
-        tests=[U + "::test_a_size_option_fits_the_cache_up_to_its_largest_value",
-               U + "::test_too_many_layers_for_the_cache_names_both_and_is_refused_before_building"],
+        tests=[
+            U + "::test_a_size_option_fits_the_cache_up_to_its_largest_value",
+            U + "::test_too_many_layers_for_the_cache_names_both_and_is_refused_before_building",
+        ],
         why="--layers 20000 builds a 2.4 GiB cache for --cache-gib 1 and runs for many minutes",
     ),
     dict(

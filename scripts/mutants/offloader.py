@@ -14,7 +14,7 @@ MUTANTS = [
         replace="                skip = 0\n",
         tests=_T,
         why="an explicit first-sub-block offset must place the first block at that sub-block, "
-            "not at sub-block 0",
+        "not at sub-block 0",
     ),
     dict(
         name="handler-partial-last-chunk-dropped",
@@ -92,8 +92,8 @@ MUTANTS = [
         name="handler-expedited-shares-load-lane",
         file=_O + "offloader.py",
         where="KVCacheOffloader.load",
-        find='return self._submit(as_job_id(job_id), "expedited" if expedited else "load",',
-        replace='return self._submit(as_job_id(job_id), "load",',
+        find='"expedited" if expedited else "load",',
+        replace='"load",',
         tests=_T,
         why="an expedited load must not queue behind ordinary loads",
     ),
@@ -103,7 +103,7 @@ MUTANTS = [
         where="Lanes._submit",
         find="                self._fifo[lane].append(job)\n            # Launched outside",
         replace="                self._fifo[lane].append(job)\n                if self._workers is not None:\n"
-                "                    self._queues[lane].put(job)\n                    return True\n            # Launched outside",
+        "                    self._queues[lane].put(job)\n                    return True\n            # Launched outside",
         tests=_T,
         why="get_finished must not wait behind a launch",
     ),
@@ -115,7 +115,7 @@ MUTANTS = [
         replace="        pass  # shut down at interpreter exit",
         tests=["tests/test_exit.py"],
         why="an offloader left running at exit is cut off inside a copy: the process aborts "
-            "(terminate called without an active exception) instead of exiting with its own status",
+        "(terminate called without an active exception) instead of exiting with its own status",
     ),
     dict(
         name="handler-group-caches-may-alias",
@@ -125,7 +125,7 @@ MUTANTS = [
         replace="",
         tests=["tests/test_aliasing.py"],
         why="two caches of one group that share memory would have every load refused as a failed job, "
-            "not at construction",
+        "not at construction",
     ),
     dict(
         name="handler-interleaved-caches-seen-as-aliasing",
@@ -167,8 +167,10 @@ MUTANTS = [
         name="handler-job-id-unchecked",
         file=_O + "offloader.py",
         where="KVCacheOffloader.store",
-        find='return self._submit(as_job_id(job_id), "store",',
-        replace='return self._submit(job_id, "store",',
+        find='''as_job_id(job_id),
+            "store",''',
+        replace='''job_id,
+            "store",''',
         tests=_T,
         why="a job id that is not an int must raise a TypeError naming job_id",
     ),
@@ -196,10 +198,12 @@ MUTANTS = [
         where="HostMemory._refuse",
         find='        if "may still be registered" in str(exc):\n',
         replace="        if False:\n",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
-               "test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
+            "test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed]"
+        ],
         why="issue 25: a buffer whose registration could not be undone was dropped; the "
-            "allocator would hand registered pages out again",
+        "allocator would hand registered pages out again",
     ),
     dict(
         name="simple-mirrors-free-memory-the-runtime-may-still-have-registered",
@@ -207,10 +211,12 @@ MUTANTS = [
         where="HostMemory._refuse",
         find='        if "may still be registered" in str(exc):\n',
         replace="        if False:\n",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
-               "test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_undone]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_cann-"
+            "test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_undone]"
+        ],
         why="the simple connector's host mirrors had their own allocator without this guard: "
-            "a registration that could not be undone went back to the allocator",
+        "a registration that could not be undone went back to the allocator",
     ),
     # --- host memory: exact size, pre-faulting, chunked registration, NUMA ------------
     dict(
@@ -255,8 +261,10 @@ MUTANTS = [
         where="KVCacheOffloader._submit",
         find="        self._wait_for_mirrors()\n",
         replace="",
-        tests=["tests/test_ascend_fake.py::test_fake_npu[main-cases_host_memory-"
-               "test_construction_returns_before_registration_ends_and_the_first_job_waits_for_it]"],
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_host_memory-"
+            "test_construction_returns_before_registration_ends_and_the_first_job_waits_for_it]"
+        ],
         why="a copy into mirrors not yet page-locked is refused (or, before CANN 8.1, corrupts)",
     ),
     dict(
@@ -276,7 +284,7 @@ MUTANTS = [
         replace='method, start = ("madvise" if t1 - t0 > t2 - t1 else "touch"), 2 * PROBE_BYTES',
         tests=["tests/test_host_memory.py"],
         why="under a hypervisor that shadows page tables MADV_POPULATE_WRITE took 2x the touch: "
-            "8 GiB of mirrors ready in 2.2x torch.zeros instead of 0.9x",
+        "8 GiB of mirrors ready in 2.2x torch.zeros instead of 0.9x",
     ),
     dict(
         name="prefault-probes-a-small-buffer",
@@ -293,10 +301,12 @@ MUTANTS = [
         where="HostMemory.__init__",
         find="            self._thread.start()\n",
         replace="            self._thread.start()\n            self._thread.join()\n",
-        tests=["tests/test_host_memory_cuda_fake.py::"
-               "test_construction_returns_before_registration_ends_and_a_wait_blocks_until_it_does",
-               "tests/test_ascend_fake.py::test_fake_npu[main-cases_host_memory-"
-               "test_construction_returns_before_registration_ends_and_the_first_job_waits_for_it]"],
+        tests=[
+            "tests/test_host_memory_cuda_fake.py::"
+            "test_construction_returns_before_registration_ends_and_a_wait_blocks_until_it_does",
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_host_memory-"
+            "test_construction_returns_before_registration_ends_and_the_first_job_waits_for_it]",
+        ],
         why="page-locking hundreds of GiB at about 0.1 s per GB would hold up start-up by minutes",
         timeout=120,
     ),
@@ -342,9 +352,12 @@ MUTANTS = [
         where="Lanes.shutdown",
         find="        with self._lock:\n            self._closed = True\n",
         replace="        _LIVE.discard(self)\n        with self._lock:\n            self._closed = True\n",
-        tests=[_LT + "test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it", _LT + "test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish"],
+        tests=[
+            _LT + "test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it",
+            _LT + "test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish",
+        ],
         why="an offloader whose shutdown Ctrl-C interrupted must stay on the exit list until its "
-            "workers stop: off it, exit leaves them copying into interpreter teardown (abort, 134)",
+        "workers stop: off it, exit leaves them copying into interpreter teardown (abort, 134)",
     ),
     dict(
         name="offloader-second-shutdown-returns-at-once",
@@ -352,8 +365,11 @@ MUTANTS = [
         where="Lanes.shutdown",
         find="        with self._lock:\n            self._closed = True\n",
         replace="        with self._lock:\n            if self._closed:\n                return\n"
-                "            self._closed = True\n",
-        tests=[_LT + "test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it", _LT + "test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish"],
+        "            self._closed = True\n",
+        tests=[
+            _LT + "test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it",
+            _LT + "test_ctrl_c_during_shutdown_ends_the_process_by_sigint_after_the_jobs_finish",
+        ],
         why="a shutdown after an interrupted one must finish it, not return with jobs pending",
     ),
     dict(
@@ -364,7 +380,7 @@ MUTANTS = [
         replace="    pass",
         tests=[_LT + "test_a_child_forked_with_jobs_in_flight_exits_at_once_with_its_own_status"],
         why="a child forked with jobs in flight would wait at exit for threads that exist only "
-            "in the parent: it hangs",
+        "in the parent: it hangs",
     ),
     dict(
         name="offloader-forked-child-uses-parent-offloader",
@@ -374,7 +390,7 @@ MUTANTS = [
         replace="        if False:",
         tests=[_LT + "test_a_forked_child_that_uses_its_parents_offloader_gets_a_clear_error"],
         why="in a forked child the parent's offloader has no workers: a job stored there never "
-            "finishes and wait hangs; it must refuse, naming fork and the way out",
+        "finishes and wait hangs; it must refuse, naming fork and the way out",
     ),
     dict(
         name="offloader-threads-hold-their-offloader",
@@ -382,9 +398,11 @@ MUTANTS = [
         where="Lanes._start_lanes",
         find="            owner = weakref.ref(self)",
         replace="            owner = lambda: self  # noqa: E731",
-        tests=[_LT + "test_ten_dropped_offloaders_are_collected_their_threads_stop_and_their_mirrors_are_freed"],
+        tests=[
+            _LT + "test_ten_dropped_offloaders_are_collected_their_threads_stop_and_their_mirrors_are_freed"
+        ],
         why="worker threads that hold their offloader keep a dropped one, its threads and its "
-            "mirrors, until exit",
+        "mirrors, until exit",
     ),
     dict(
         name="offloader-base-exception-kills-the-lane",
@@ -394,6 +412,6 @@ MUTANTS = [
         replace="        except Exception as exc:",
         tests=[_LT + "test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working"],
         why="SystemExit or KeyboardInterrupt inside a copy ended the worker: the job was never "
-            "reported, wait blocked forever and later jobs never ran",
+        "reported, wait blocked forever and later jobs never ran",
     ),
 ]

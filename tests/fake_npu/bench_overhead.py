@@ -25,8 +25,11 @@ def main() -> None:
     ext = load_fake()
     call = best(lambda: ext.bench_acl_call(2_000_000))
     rows = []
-    for label, direction, batch in [("batch (H2D)", H2D, True), ("per-descriptor (H2D, no batch API)", H2D, False),
-                                    ("per-descriptor (D2D)", D2D, True)]:
+    for label, direction, batch in [
+        ("batch (H2D)", H2D, True),
+        ("per-descriptor (H2D, no batch API)", H2D, False),
+        ("per-descriptor (D2D)", D2D, True),
+    ]:
         small = best(lambda: ext.bench_submit(1, 200_000, direction, batch))
         large = best(lambda: ext.bench_submit(4096, 2_000, direction, batch))
         # ACL calls per submit: the capture query, then one batch call per
@@ -36,12 +39,18 @@ def main() -> None:
         per_desc_total = (large - small) / 4095
         per_desc_acl = (calls_large - calls_small) * call / 4095
         rows.append((label, small, large, per_call, per_desc_total, per_desc_acl))
-    print(f"no-op ACL call through the table: {call:.2f} ns (measured alone; inside the engine's "
-          "loop it costs less)")
-    print(f"{'path':36} {'1 desc':>9} {'4096 desc':>10} {'engine/call':>12} {'per desc':>9} {'of it ACL':>10}")
+    print(
+        f"no-op ACL call through the table: {call:.2f} ns (measured alone; inside the engine's "
+        "loop it costs less)"
+    )
+    print(
+        f"{'path':36} {'1 desc':>9} {'4096 desc':>10} {'engine/call':>12} {'per desc':>9} {'of it ACL':>10}"
+    )
     for label, small, large, per_call, total, acl in rows:
-        print(f"{label:36} {small:7.1f}ns {large / 1000:7.2f}us {per_call:10.1f}ns {total:7.3f}ns "
-              f"{acl:8.3f}ns")
+        print(
+            f"{label:36} {small:7.1f}ns {large / 1000:7.2f}us {per_call:10.1f}ns {total:7.3f}ns {acl:8.3f}ns"
+        )
+
 
 if __name__ == "__main__":
     main()

@@ -14,8 +14,15 @@ import torch
 
 import npu_cases
 import torch_kvswap
-from npu_cases import (FEATURE_NOT_SUPPORT, MEMCPY_HOST_TO_DEVICE, RT_PARAM_INVALID, aligned_host_buffer,
-                       device_blocks, host_blocks, scattered)
+from npu_cases import (
+    FEATURE_NOT_SUPPORT,
+    MEMCPY_HOST_TO_DEVICE,
+    RT_PARAM_INVALID,
+    aligned_host_buffer,
+    device_blocks,
+    host_blocks,
+    scattered,
+)
 from npu_cases import fake  # noqa: F401 - the fixture
 
 BLOCK = 256
@@ -32,8 +39,15 @@ def raw(fake, host, dev, n, dst_index=None):
     host block i to device block dst_index(i) (default i)."""
     dst_index = dst_index or (lambda i: i)
     sizes = [BLOCK] * n
-    return fake.raw_batch([dev.data_ptr() + BLOCK * dst_index(i) for i in range(n)], sizes,
-                          [host.data_ptr() + BLOCK * i for i in range(n)], sizes, [H2D_ATTR], [0], 1)
+    return fake.raw_batch(
+        [dev.data_ptr() + BLOCK * dst_index(i) for i in range(n)],
+        sizes,
+        [host.data_ptr() + BLOCK * i for i in range(n)],
+        sizes,
+        [H2D_ATTR],
+        [0],
+        1,
+    )
 
 
 def pinned(t):
@@ -48,6 +62,7 @@ def warm_up(src, dst):
 
 
 # --- the fake's rules ---------------------------------------------------------------------------------
+
 
 def test_loop_route_queues_the_entries_before_a_failed_check(fake):
     host, dev, other = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
@@ -69,11 +84,11 @@ def test_loop_route_goes_past_207000_and_answers_with_the_last_code(fake):
     host, dev = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     fake.fail_entry(3, FEATURE_NOT_SUPPORT)
     assert raw(fake, host, dev, 4) == (FEATURE_NOT_SUPPORT, -1)
-    assert fake.pending(0, 0) == 3                      # 207000, with three copies queued
+    assert fake.pending(0, 0) == 3  # 207000, with three copies queued
     fake.reset()
     fake.fail_entry(1, FEATURE_NOT_SUPPORT)
     assert raw(fake, host, dev, 4) == (0, -1)
-    assert fake.pending(0, 0) == 3                      # success, with entry 1 never copied
+    assert fake.pending(0, 0) == 3  # success, with entry 1 never copied
 
 
 def test_ub_route_checks_every_entry_before_queuing_any(fake):
@@ -97,15 +112,24 @@ def test_ub_route_chunk_failure_leaves_the_earlier_chunks_copied(fake):
     assert torch.equal(dev.cpu()[2:], before[2:])
 
 
-@pytest.mark.parametrize("route,pinned,code", [
-    ("loop", True, 0), ("loop", False, 0), ("ub", True, 0), ("ub", False, FEATURE_NOT_SUPPORT)])
+@pytest.mark.parametrize(
+    "route,pinned,code",
+    [("loop", True, 0), ("loop", False, 0), ("ub", True, 0), ("ub", False, FEATURE_NOT_SUPPORT)],
+)
 def test_only_the_ub_pageable_route_caps_a_batch_at_4096(fake, route, pinned, code):
     fake.set_batch_route(route)
     n = 4097
     host, dev = host_blocks(n, 64, 1, pinned=pinned), device_blocks(n, 64, 2)
     sizes = [64] * n
-    got = fake.raw_batch([dev.data_ptr() + 64 * i for i in range(n)], sizes,
-                         [host.data_ptr() + 64 * i for i in range(n)], sizes, [H2D_ATTR], [0], 1)
+    got = fake.raw_batch(
+        [dev.data_ptr() + 64 * i for i in range(n)],
+        sizes,
+        [host.data_ptr() + 64 * i for i in range(n)],
+        sizes,
+        [H2D_ATTR],
+        [0],
+        1,
+    )
     assert got == (code, -1)
 
 
@@ -114,8 +138,15 @@ def test_4096_pageable_entries_pass_on_the_ub_route(fake):
     n = 4096
     host, dev = host_blocks(n, 64, 1, pinned=False), device_blocks(n, 64, 2)
     sizes = [64] * n
-    assert fake.raw_batch([dev.data_ptr() + 64 * i for i in range(n)], sizes,
-                          [host.data_ptr() + 64 * i for i in range(n)], sizes, [H2D_ATTR], [0], 1) == (0, -1)
+    assert fake.raw_batch(
+        [dev.data_ptr() + 64 * i for i in range(n)],
+        sizes,
+        [host.data_ptr() + 64 * i for i in range(n)],
+        sizes,
+        [H2D_ATTR],
+        [0],
+        1,
+    ) == (0, -1)
 
 
 def test_refusals_for_a_device_and_for_one_stream(fake):
@@ -129,7 +160,10 @@ def test_refusals_for_a_device_and_for_one_stream(fake):
         fake.capture_begin(0, side.stream_id)
         try:
             assert raw(fake, host, dev, 2) == (FEATURE_NOT_SUPPORT, -1)
-            assert fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, MEMCPY_HOST_TO_DEVICE) == FEATURE_NOT_SUPPORT
+            assert (
+                fake.raw_memcpy(dev.data_ptr(), BLOCK, host.data_ptr(), BLOCK, MEMCPY_HOST_TO_DEVICE)
+                == FEATURE_NOT_SUPPORT
+            )
         finally:
             fake.capture_end(0, side.stream_id)
     assert raw(fake, host, dev, 2) == (0, -1)
@@ -190,8 +224,11 @@ def test_capture_limit_counts_work_entries_and_answers_207008(fake):
     src, dst = device_blocks(2 * n, BLOCK, 1), host_blocks(2 * n, BLOCK, 2)
     fake.capture_begin(0, 0)
     try:
-        with pytest.raises(RuntimeError, match=r"failed at descriptor 8192:.*ACL error 207008.*EE1023.*"
-                                               r"copies 0\.\.8191 of this call were already queued"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"failed at descriptor 8192:.*ACL error 207008.*EE1023.*"
+            r"copies 0\.\.8191 of this call were already queued",
+        ):
             pointer_copy(src, dst, [(2 * i, 2 * i) for i in range(n)], 1)
     finally:
         graph = fake.capture_end(0, 0)
@@ -212,6 +249,7 @@ def test_only_ub_chips_cap_a_captured_stream_at_32768_work_entries(fake):
 
 
 # --- the engine against them -------------------------------------------------------------------------
+
 
 def test_capture_of_exactly_32768_copies_is_allowed(fake):
     n = 32768
@@ -248,7 +286,9 @@ def test_a_stream_capturing_into_a_sub_graph_fails_its_copies_and_no_other(fake)
     fake.capture_begin(0, side.stream_id)
     try:
         with side:
-            with pytest.raises(RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"):
+            with pytest.raises(
+                RuntimeError, match=r"aclrtMemcpyAsync failed at descriptor 0.*ACL error 207000"
+            ):
                 pointer_copy(src, dst, [(0, 0), (2, 2)], 0)
     finally:
         fake.capture_end(0, side.stream_id)
@@ -280,8 +320,11 @@ def test_207000_after_the_stream_took_batches_fails_and_reissues_nothing(fake):
     src, dst = host_blocks(2 * n, BLOCK, 1), device_blocks(2 * n, BLOCK, 2)
     warm_up(src, dst)
     fake.fail_entry(n - 1, FEATURE_NOT_SUPPORT, at_call=2)
-    with pytest.raises(RuntimeError, match=r"descriptors 0\.\.5 failed: ACL error 207000.*no failing descriptor "
-                                           r"reported; copies 0\.\.5 may have been queued.*nothing was re-issued"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"descriptors 0\.\.5 failed: ACL error 207000.*no failing descriptor "
+        r"reported; copies 0\.\.5 may have been queued.*nothing was re-issued",
+    ):
         pointer_copy(src, dst, scattered(n), 0)
     assert fake.pending(0, 0) == n - 1  # what CANN queued, once
     assert fake.calls("aclrtMemcpyAsync") == 0
@@ -295,8 +338,11 @@ def test_207000_for_a_later_batch_of_a_call_is_not_reissued_from_descriptor_0(fa
     src, dst = host_blocks(2 * n, 64, 1), device_blocks(2 * n, 64, 2)
     warm_up(src, dst)
     fake.fail("aclrtMemcpyBatchAsync", FEATURE_NOT_SUPPORT, at_call=3)
-    with pytest.raises(RuntimeError, match=r"descriptors 4096\.\.4999 failed: ACL error 207000.*copies 0\.\.4095 of "
-                                           r"this call were already queued.*copies 4096\.\.4999 may have been queued"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"descriptors 4096\.\.4999 failed: ACL error 207000.*copies 0\.\.4095 of "
+        r"this call were already queued.*copies 4096\.\.4999 may have been queued",
+    ):
         pointer_copy(src, dst, scattered(n), 0, block=64)
     assert fake.pending(0, 0) == 4096 and fake.calls("aclrtMemcpyAsync") == 0
 
@@ -413,9 +459,12 @@ def test_registration_the_query_does_not_confirm_is_undone(fake, capfd, recwarn)
     fake.set_register_does_nothing(True)
     buf = aligned_host_buffer(1 << 14)
     for _ in range(2):
-        with pytest.raises(NotImplementedError, match=r"does not report the whole range as registered host memory; "
-                                                      r"undoing it answered that nothing is registered "
-                                                      r"\(ACL error 507911"):
+        with pytest.raises(
+            NotImplementedError,
+            match=r"does not report the whole range as registered host memory; "
+            r"undoing it answered that nothing is registered "
+            r"\(ACL error 507911",
+        ):
             torch.ops.kvswap._host_register(buf, NPU, True)
     log = capfd.readouterr().err + "".join(str(w.message) for w in recwarn)
     assert log.count("fall back to the pinned allocator") == 1  # logged once
@@ -443,8 +492,11 @@ def test_a_registration_that_can_be_neither_confirmed_nor_undone_is_never_freed(
     buf = aligned_host_buffer(1 << 14)
     fake.fail("aclrtPointerGetAttributes", RT_PARAM_INVALID)
     fake.fail("aclrtHostUnregister", RT_PARAM_INVALID)
-    with pytest.raises(NotImplementedError, match=r"undoing the registration failed too \(ACL error 107000.*\): "
-                                                  r"the range may still be registered with CANN"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"undoing the registration failed too \(ACL error 107000.*\): "
+        r"the range may still be registered with CANN",
+    ):
         torch.ops.kvswap._host_register(buf, NPU, True)
     kept = len(offloader_caches._STILL_REGISTERED)
     caches = {"l0": torch.randn(2, 8, 4, 2, 8).to("npu:0")}
@@ -471,8 +523,11 @@ def test_the_simple_connectors_mirrors_keep_a_registration_that_could_not_be_und
     kept = len(offloader_caches._STILL_REGISTERED)
     try:
         regions = {"l0": torch.zeros(4, 3000, dtype=torch.int8), "l1": torch.zeros(4, 100, dtype=torch.int8)}
-        with pytest.raises(RuntimeError, match=r"cannot page-lock the 16384-byte host mirrors in place.*"
-                                               r"may still be registered"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"cannot page-lock the 16384-byte host mirrors in place.*"
+            r"may still be registered",
+        ):
             _host_mirrors(regions, 4, torch.device(NPU))
         assert len(offloader_caches._STILL_REGISTERED) == kept + 1
         first_page = offloader_caches._STILL_REGISTERED[-1].data_ptr()
@@ -500,13 +555,13 @@ def test_offloader_refuses_mirrors_when_registration_does_nothing(fake):
 
 def test_a_host_tensor_is_pinned_only_if_its_whole_range_is(fake):
     outer = aligned_host_buffer(4 * 4096)
-    torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, True)
+    torch.ops.kvswap._host_register(outer[: 2 * 4096], NPU, True)
     try:
-        assert pinned(outer[:2 * 4096]) and pinned(outer[4096:2 * 4096])
-        assert not pinned(outer[4096:3 * 4096])  # straddles the end of the pinned range
-        assert not pinned(outer[2 * 4096:])
+        assert pinned(outer[: 2 * 4096]) and pinned(outer[4096 : 2 * 4096])
+        assert not pinned(outer[4096 : 3 * 4096])  # straddles the end of the pinned range
+        assert not pinned(outer[2 * 4096 :])
     finally:
-        torch.ops.kvswap._host_register(outer[:2 * 4096], NPU, False)
+        torch.ops.kvswap._host_register(outer[: 2 * 4096], NPU, False)
 
 
 def test_memory_registered_by_someone_else_is_judged_by_the_runtime_at_both_ends(fake):
@@ -518,8 +573,8 @@ def test_memory_registered_by_someone_else_is_judged_by_the_runtime_at_both_ends
     assert fake.raw_register(outer.data_ptr(), page, True) == 0  # page 0 only, not through the engine
     try:
         assert pinned(outer[:page]) and pinned(outer[10:page])
-        assert not pinned(outer[:2 * page])  # starts pinned, ends pageable
-        assert not pinned(outer[page:2 * page])
+        assert not pinned(outer[: 2 * page])  # starts pinned, ends pageable
+        assert not pinned(outer[page : 2 * page])
     finally:
         assert fake.raw_register(outer.data_ptr(), 0, False) == 0
 
@@ -531,25 +586,25 @@ def test_a_gap_between_two_registrations_is_not_pinned_and_adjacent_ones_are(fak
     page = 4096
     outer = aligned_host_buffer(4 * page)
     torch.ops.kvswap._host_register(outer[:page], NPU, True)
-    torch.ops.kvswap._host_register(outer[2 * page:3 * page], NPU, True)
+    torch.ops.kvswap._host_register(outer[2 * page : 3 * page], NPU, True)
     try:
         assert fake.kind(outer.data_ptr() + page) == "pageable"
-        assert not pinned(outer[:3 * page])  # both ends pinned, the middle page not
-        assert not pinned(outer[page - 1:2 * page + 1])
-        host = outer[:3 * page].view(3, page)
+        assert not pinned(outer[: 3 * page])  # both ends pinned, the middle page not
+        assert not pinned(outer[page - 1 : 2 * page + 1])
+        host = outer[: 3 * page].view(3, page)
         dev = device_blocks(3, page, 5)
         with pytest.raises(ValueError, match=r"src_caches\[0\] is in pageable host memory"):
             torch_kvswap.swap_blocks([host], [dev], torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]))
-        torch.ops.kvswap._host_register(outer[page:2 * page], NPU, True)  # fills the gap
+        torch.ops.kvswap._host_register(outer[page : 2 * page], NPU, True)  # fills the gap
         try:
-            assert pinned(outer[:3 * page]) and pinned(outer[page - 1:2 * page + 1])
-            assert pinned(outer[100:page + 100])  # a view at an offset, across two registrations
-            assert not pinned(outer[:4 * page])  # the last page is pageable
+            assert pinned(outer[: 3 * page]) and pinned(outer[page - 1 : 2 * page + 1])
+            assert pinned(outer[100 : page + 100])  # a view at an offset, across two registrations
+            assert not pinned(outer[: 4 * page])  # the last page is pageable
         finally:
-            torch.ops.kvswap._host_register(outer[page:2 * page], NPU, False)
+            torch.ops.kvswap._host_register(outer[page : 2 * page], NPU, False)
     finally:
         torch.ops.kvswap._host_register(outer[:page], NPU, False)
-        torch.ops.kvswap._host_register(outer[2 * page:3 * page], NPU, False)
+        torch.ops.kvswap._host_register(outer[2 * page : 3 * page], NPU, False)
 
 
 def test_a_registration_the_runtime_no_longer_reports_is_not_pinned(fake):

@@ -13,13 +13,25 @@ import pytest
 import torch
 
 import torch_kvswap
-from npu_cases import (ABSENT_8_0, FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, aligned_host_buffer, cann,
-                       device_blocks, host_blocks)
+from npu_cases import (
+    ABSENT_8_0,
+    FEATURE_NOT_SUPPORT,
+    RT_PARAM_INVALID,
+    aligned_host_buffer,
+    cann,
+    device_blocks,
+    host_blocks,
+)
 from npu_cases import fake  # noqa: F401 - the fixture
 
 BLOCK = 2048
-OPTIONAL = ["aclrtMemcpyBatchAsync", "aclmdlRICaptureGetInfo", "aclmdlRICaptureBegin",
-            "aclrtHostRegisterV2", "aclGetRecentErrMsg"]
+OPTIONAL = [
+    "aclrtMemcpyBatchAsync",
+    "aclmdlRICaptureGetInfo",
+    "aclmdlRICaptureBegin",
+    "aclrtHostRegisterV2",
+    "aclGetRecentErrMsg",
+]
 NONE, ACTIVE, UNKNOWN = 0, 1, 2  # kvswap::ascend::Capture
 
 
@@ -35,14 +47,17 @@ def round_trip(fake):
     assert torch.equal(back[[0, 1]], host[[0, 1]])
 
 
-@pytest.mark.parametrize("absent", [c for r in range(len(OPTIONAL) + 1)
-                                    for c in itertools.combinations(OPTIONAL, r)],
-                         ids=lambda c: "+".join(c) or "none")
+@pytest.mark.parametrize(
+    "absent",
+    [c for r in range(len(OPTIONAL) + 1) for c in itertools.combinations(OPTIONAL, r)],
+    ids=lambda c: "+".join(c) or "none",
+)
 def test_every_combination_of_missing_functions_copies(fake, absent):
     cann(fake, absent)
     round_trip(fake)
     batch_expected = "aclrtMemcpyBatchAsync" not in absent and (
-        "aclmdlRICaptureGetInfo" not in absent or "aclmdlRICaptureBegin" in absent)
+        "aclmdlRICaptureGetInfo" not in absent or "aclmdlRICaptureBegin" in absent
+    )
     assert (fake.calls("aclrtMemcpyBatchAsync") > 0) == batch_expected
 
 
@@ -85,7 +100,9 @@ def test_failure_at_call_k_of_the_per_descriptor_path(fake):
     cann(fake, ["aclrtMemcpyBatchAsync"])
     src, dst = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     fake.fail("aclrtMemcpyAsync", RT_PARAM_INVALID, at_call=1)
-    with pytest.raises(RuntimeError, match=r"ACL error 107000: injected fault.*copies 0\.\.0 may have been queued"):
+    with pytest.raises(
+        RuntimeError, match=r"ACL error 107000: injected fault.*copies 0\.\.0 may have been queued"
+    ):
         torch_kvswap.swap_blocks([src], [dst], torch.tensor([0, 2]), torch.tensor([1, 3]))
 
 
@@ -95,15 +112,20 @@ def test_batch_failure_reports_the_failing_descriptor(fake):
     src, dst, pinned = host_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2), host_blocks(8, BLOCK, 3)
     sp = torch.tensor([src.data_ptr(), src.data_ptr() + 2 * BLOCK, src.data_ptr() + 4 * BLOCK])
     dp = torch.tensor([dst.data_ptr(), dst.data_ptr() + 2 * BLOCK, pinned.data_ptr()])
-    with pytest.raises(RuntimeError, match=r"ACL error 107000.*entry 1.*failed at descriptor 2.*copies 0\.\.0 of this "
-                                           r"call were already queued.*copies 1\.\.1 may have been queued"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"ACL error 107000.*entry 1.*failed at descriptor 2.*copies 0\.\.0 of this "
+        r"call were already queued.*copies 1\.\.1 may have been queued",
+    ):
         torch_kvswap.swap_blocks_batch(sp, dp, torch.full((3,), BLOCK), 0)
 
 
 def test_batch_failure_without_a_fail_index(fake):
     fake.fail("aclrtMemcpyBatchAsync", RT_PARAM_INVALID)
     src, dst = host_blocks(2, BLOCK, 1), device_blocks(2, BLOCK, 2)
-    with pytest.raises(RuntimeError, match=r"no failing descriptor reported; copies 0\.\.0 may have been queued"):
+    with pytest.raises(
+        RuntimeError, match=r"no failing descriptor reported; copies 0\.\.0 may have been queued"
+    ):
         torch_kvswap.swap_blocks([src], [dst], torch.tensor([0]), torch.tensor([1]))
 
 
@@ -119,8 +141,9 @@ def test_pageable_pointer_copy_is_synchronous(fake):
     """The pointer op cannot know what memory it is given: CANN copies
     pageable memory synchronously (docs/ascend.md states the requirement)."""
     src, dst = host_blocks(2, BLOCK, 1, pinned=False), device_blocks(2, BLOCK, 2)
-    torch_kvswap.swap_blocks_batch(torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]),
-                                   torch.tensor([BLOCK]), 0)
+    torch_kvswap.swap_blocks_batch(
+        torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]), torch.tensor([BLOCK]), 0
+    )
     assert fake.pending(0, 0) == 0
     assert torch.equal(dst.cpu()[0], src[0])
 
@@ -130,8 +153,9 @@ def test_pageable_pointer_copy_fails_under_capture(fake):
     fake.capture_begin(0, 0)
     try:
         with pytest.raises(RuntimeError, match="EE1016"):
-            torch_kvswap.swap_blocks_batch(torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]),
-                                           torch.tensor([BLOCK]), 0)
+            torch_kvswap.swap_blocks_batch(
+                torch.tensor([src.data_ptr()]), torch.tensor([dst.data_ptr()]), torch.tensor([BLOCK]), 0
+            )
     finally:
         fake.capture_end(0, 0)
 

@@ -12,8 +12,15 @@ import torch
 
 import npu_cases
 import torch_kvswap
-from npu_cases import (FEATURE_NOT_SUPPORT, RT_PARAM_INVALID, aligned_host_buffer, cann, device_blocks,
-                       host_blocks, scattered)
+from npu_cases import (
+    FEATURE_NOT_SUPPORT,
+    RT_PARAM_INVALID,
+    aligned_host_buffer,
+    cann,
+    device_blocks,
+    host_blocks,
+    scattered,
+)
 from npu_cases import fake  # noqa: F401 - the fixture
 
 BLOCK = 2048
@@ -185,7 +192,10 @@ def test_9_capture_over_the_task_capacity_is_refused(fake):
     src, dst = device_blocks(2 * n, 64, 1), host_blocks(2 * n, 64, 2)
     fake.capture_begin(0, 0)
     try:
-        with pytest.raises(RuntimeError, match=r"32769 copies.*at most 32768.*EE1023.*nothing was copied: no copy of this call was queued"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"32769 copies.*at most 32768.*EE1023.*nothing was copied: no copy of this call was queued",
+        ):
             pointer_copy(src, dst, scattered(n), 1, block=64)
     finally:
         graph = fake.capture_end(0, 0)
@@ -196,8 +206,11 @@ def test_9_capture_over_the_task_capacity_is_refused(fake):
 def test_10_error_names_the_copies_already_queued(fake):
     src, dst = device_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     fake.fail("aclrtMemcpyAsync", RT_PARAM_INVALID, at_call=3)
-    with pytest.raises(RuntimeError, match=r"failed at descriptor 2:.*copies 0\.\.1 of this call were already queued"
-                                           r".*copies 2\.\.2 may have been queued"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"failed at descriptor 2:.*copies 0\.\.1 of this call were already queued"
+        r".*copies 2\.\.2 may have been queued",
+    ):
         pointer_copy(src, dst, scattered(4), 2)
     assert fake.pending(0, 0) == 2
 
@@ -207,7 +220,10 @@ def test_10_batch_error_names_the_batches_already_queued(fake):
     src, dst = host_blocks(2 * n, 64, 1), device_blocks(2 * n, 64, 2)
     pointer_copy(src, dst, scattered(1), 0, block=64)  # the stream's first batch: one entry
     fake.fail("aclrtMemcpyBatchAsync", RT_PARAM_INVALID, at_call=3)
-    with pytest.raises(RuntimeError, match=r"descriptors 4096\.\.4999 failed.*copies 0\.\.4095 of this call were already queued"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"descriptors 4096\.\.4999 failed.*copies 0\.\.4095 of this call were already queued",
+    ):
         pointer_copy(src, dst, scattered(n), 0, block=64)
 
 
@@ -230,6 +246,9 @@ def test_12_unaligned_device_to_device_copy_is_refused_before_queuing(fake):
     src, dst = device_blocks(8, BLOCK, 1), device_blocks(8, BLOCK, 2)
     sp = torch.tensor([src.data_ptr(), src.data_ptr() + 2 * BLOCK, src.data_ptr() + 4 * BLOCK + 32])
     dp = torch.tensor([dst.data_ptr(), dst.data_ptr() + 2 * BLOCK, dst.data_ptr() + 4 * BLOCK])
-    with pytest.raises(ValueError, match=r"descriptor 2:.*64-byte-aligned.*nothing was copied: no copy of this call was queued"):
+    with pytest.raises(
+        ValueError,
+        match=r"descriptor 2:.*64-byte-aligned.*nothing was copied: no copy of this call was queued",
+    ):
         torch_kvswap.swap_blocks_batch(sp, dp, torch.full((3,), 256), 2)
     assert fake.pending(0, 0) == 0

@@ -17,7 +17,6 @@ from torch_kvswap.offloader import caches, host_memory
 from torch_kvswap.offloader.host_memory import PAGE, HostMemory
 
 
-
 def npu() -> torch.device:
     """The fake's device (the "npu" name exists once the fixture set it up)."""
     return torch.device("npu:0")
@@ -25,8 +24,10 @@ def npu() -> torch.device:
 
 def kv_caches(num_blocks=16, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {f"l{i}": torch.randn(2, num_blocks, 4, 2, 8, generator=g).to(torch.bfloat16).to("npu:0")
-            for i in range(2)}
+    return {
+        f"l{i}": torch.randn(2, num_blocks, 4, 2, 8, generator=g).to(torch.bfloat16).to("npu:0")
+        for i in range(2)
+    }
 
 
 @pytest.mark.parametrize("nbytes", [PAGE - 1, PAGE, PAGE + 1, 3 * PAGE + 100])
@@ -73,6 +74,7 @@ def test_construction_returns_before_registration_ends_and_the_first_job_waits_f
             held.set()
             assert go.wait(10)
         real(buffer, device, pin)
+
     monkeypatch.setattr(host_memory, "register", slow)
     cache = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     # one mirror of 64 rows x 128 bytes: rows 0-31 are chunk 0, rows 32-63 chunk 1
@@ -101,8 +103,11 @@ def test_without_in_place_pinning_the_offloader_refuses_instead_of_rounding(fake
     cann(fake, ABSENT_8_0)  # CANN 8.0: no aclrtHostRegisterV2
     off = KVCacheOffloader(kv_caches(), 4, 8, num_host_blocks=6)
     try:
-        with pytest.raises(RuntimeError, match=r"cannot page-lock the \d+-byte host mirrors in place on npu:0: "
-                                               r"chunk 0 of 1 .*no aclrtHostRegisterV2.*power of two"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"cannot page-lock the \d+-byte host mirrors in place on npu:0: "
+            r"chunk 0 of 1 .*no aclrtHostRegisterV2.*power of two",
+        ):
             off.store(1, [0, 1], [0])
         assert off.pending() == [] and fake.kind(off.buffer.data_ptr()) == "pageable"
     finally:

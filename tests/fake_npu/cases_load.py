@@ -46,7 +46,10 @@ def test_environment_report_says_which_optional_functions_are_absent():
     report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("npu:0")))
     assert report["batch_api"].startswith("absent (aclrtMemcpyBatchAsync)")
     assert report["capture_query"].startswith("absent (aclmdlRICaptureGetInfo)")
-    for name, function in (("pin_in_place", "aclrtHostRegisterV2"), ("pin_check", "aclrtPointerGetAttributes")):
+    for name, function in (
+        ("pin_in_place", "aclrtHostRegisterV2"),
+        ("pin_check", "aclrtPointerGetAttributes"),
+    ):
         assert report[name].startswith("absent" if function in absent() else function), report
 
 
@@ -60,7 +63,7 @@ def test_host_registration_without_the_optional_functions():
 
     fake = load_fake()
     raw = torch.empty(3 * 4096, dtype=torch.uint8)
-    buf = raw[-raw.data_ptr() % 4096:][:2 * 4096]
+    buf = raw[-raw.data_ptr() % 4096 :][: 2 * 4096]
     if "aclrtHostRegisterV2" in absent():
         with pytest.raises(NotImplementedError, match="no aclrtHostRegisterV2"):
             torch.ops.kvswap._host_register(buf, torch.device("npu:0"), True)

@@ -3,7 +3,6 @@ mirrors and the Ascend engine together."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from npu_cases import fake  # noqa: F401 - the fixture
@@ -12,8 +11,10 @@ from torch_kvswap import KVCacheOffloader
 
 def kv_caches(num_blocks=16, layers=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {f"l{i}": torch.randn(2, num_blocks, 4, 2, 8, generator=g).to(torch.bfloat16).to("npu:0")
-            for i in range(layers)}
+    return {
+        f"l{i}": torch.randn(2, num_blocks, 4, 2, 8, generator=g).to(torch.bfloat16).to("npu:0")
+        for i in range(layers)
+    }
 
 
 def test_store_then_load_round_trip(fake):

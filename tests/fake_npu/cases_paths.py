@@ -123,10 +123,12 @@ def test_copies_go_to_the_current_stream(fake):
 
 def test_environment_report_names_the_functions_found(fake):
     report = dict(line.split("=", 1) for line in torch.ops.kvswap._engine_report(torch.device("npu:0")))
-    assert report == {"batch_api": "aclrtMemcpyBatchAsync found",
-                      "capture_query": "aclmdlRICaptureGetInfo found",
-                      "pin_in_place": "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) found",
-                      "pin_check": "aclrtPointerGetAttributes found"}
+    assert report == {
+        "batch_api": "aclrtMemcpyBatchAsync found",
+        "capture_query": "aclmdlRICaptureGetInfo found",
+        "pin_in_place": "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) found",
+        "pin_check": "aclrtPointerGetAttributes found",
+    }
 
 
 def test_environment_report_follows_the_cann_release(fake):

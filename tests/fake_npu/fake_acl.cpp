@@ -28,10 +28,12 @@ using ascend::MemLocationType;
 
 namespace {
 
-constexpr AclError kInvalidParam = 100000;     // ACL_ERROR_INVALID_PARAM [hdr acl_base_rt.h:67]
-constexpr AclError kRtStreamContext = 107003;  // ACL_ERROR_RT_STREAM_CONTEXT [hdr error_codes/rt_error_codes.h:24]
+constexpr AclError kInvalidParam = 100000;  // ACL_ERROR_INVALID_PARAM [hdr acl_base_rt.h:67]
+constexpr AclError kRtStreamContext =
+    107003;  // ACL_ERROR_RT_STREAM_CONTEXT [hdr error_codes/rt_error_codes.h:24]
 constexpr AclError kRtMemoryAllocation = 207001;  // ACL_ERROR_RT_MEMORY_ALLOCATION [hdr rt_error_codes.h]
-constexpr AclError kRtParamInvalid = 107000;   // ACL_ERROR_RT_PARAM_INVALID [hdr error_codes/rt_error_codes.h:21]
+constexpr AclError kRtParamInvalid =
+    107000;  // ACL_ERROR_RT_PARAM_INVALID [hdr error_codes/rt_error_codes.h:21]
 constexpr AclError kRtAddrUnaligned = 107008;  // ACL_ERROR_RT_ADDR_UNALIGNED [hdr rt_error_codes.h:29]
 // ACL_ERROR_RT_NO_STREAM_RESOURCE [hdr rt_error_codes.h:77]: what EE1023's
 // RT_ERROR_JETTY_LIMIT becomes [rt src/runtime/core/src/common/errcode_manage.cc:96].
@@ -40,13 +42,13 @@ constexpr AclError kRtNoStreamResource = 207008;
 // what RT_ERROR_HOST_MEMORY_ALREADY_REGISTERED / _NOT_REGISTERED become [errcode_manage.cc:553-556].
 constexpr AclError kHostMemoryAlreadyRegistered = 507910;
 constexpr AclError kHostMemoryNotRegistered = 507911;
-constexpr size_t kMaxBatchCount = 4096;        // DEVMM_MEMCPY_BATCH_MAX_COUNT [rt pkg_inc/driver/ascend_hal_define.h:810]
+constexpr size_t kMaxBatchCount =
+    4096;  // DEVMM_MEMCPY_BATCH_MAX_COUNT [rt pkg_inc/driver/ascend_hal_define.h:810]
 
 thread_local std::string recent;
 
 double now_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -225,7 +227,8 @@ void Runtime::replay(int graph, Stream* s) {
 AclError Runtime::record_into_graph(Stream* s, std::function<void()> task, uint64_t bytes) {
   auto& graph = graphs_.at(static_cast<size_t>(s->graph));
   uint64_t& entries = graph_entries_.at(static_cast<size_t>(s->graph));
-  const uint64_t need = work_entry_bytes == 0 ? 1 : std::max<uint64_t>(1, (bytes + work_entry_bytes - 1) / work_entry_bytes);
+  const uint64_t need =
+      work_entry_bytes == 0 ? 1 : std::max<uint64_t>(1, (bytes + work_entry_bytes - 1) / work_entry_bytes);
   // Only the UB (v200) chips have the jetty limit: their memcpy tasks go
   // through it [memory_task_v200_base.cc:260, :839; stream_jetty_handler.cc:
   // 110-133]; the loop route's chips have no such cap.
@@ -297,7 +300,8 @@ AclError check_context(const Stream* s, const char* api) {
   const int current = g_current_device != nullptr ? g_current_device() : 0;
   if (s->device == current) return 0;
   return rt().error(kRtStreamContext, std::string(api) + ": stream of device " + std::to_string(s->device) +
-                                          " is not in the current context (device " + std::to_string(current) + ")");
+                                          " is not in the current context (device " +
+                                          std::to_string(current) + ")");
 }
 
 // aclrtMemcpyAsync, as ApiErrorDecorator::MemcpyAsync checks it
@@ -325,11 +329,12 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
   MemcpyKind real = s_dev ? (d_dev ? MemcpyKind::kDeviceToDevice : MemcpyKind::kDeviceToHost)
                           : (d_dev ? MemcpyKind::kHostToDevice : MemcpyKind::kHostToHost);
   if (pageable) {
-    const bool allowed =
-        (s_dev || d_dev) ? (kind == real || kind == MemcpyKind::kDeviceToDevice)
-                         : true;  // host<->host: every kind is allowed, then H2H is refused below
+    const bool allowed = (s_dev || d_dev)
+                             ? (kind == real || kind == MemcpyKind::kDeviceToDevice)
+                             : true;  // host<->host: every kind is allowed, then H2H is refused below
     if (!allowed) {
-      return rt().error(kRtParamInvalid, "aclrtMemcpyAsync: kind does not fit the pageable memory's location");
+      return rt().error(kRtParamInvalid,
+                        "aclrtMemcpyAsync: kind does not fit the pageable memory's location");
     }
   }
   // Host-to-host is not supported asynchronously [api_error.cc:2247-2248].
@@ -343,15 +348,17 @@ AclError memcpy_async(void* dst, size_t dest_max, const void* src, size_t count,
   // as it refuses batches (memcpy_batch_async).
   if (rt().batch_refused_streams.count({s->device, s->id}) != 0 && rt().capturing(s) &&
       real != MemcpyKind::kDeviceToDevice) {
-    return rt().error(ascend::kAclFeatureNotSupported,
-                      "aclrtMemcpyAsync: stream belongs to sub ACL Graph, does not support asynchronous memory copy");
+    return rt().error(
+        ascend::kAclFeatureNotSupported,
+        "aclrtMemcpyAsync: stream belongs to sub ACL Graph, does not support asynchronous memory copy");
   }
   // On-chip device-to-device copies need 64-byte-aligned addresses
   // [hdr acl_rt.h:2232-2234]. The header gives no error code; the fake
   // answers ACL_ERROR_RT_ADDR_UNALIGNED.
   if (real == MemcpyKind::kDeviceToDevice &&
       ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 63) != 0) {
-    return rt().error(kRtAddrUnaligned, "aclrtMemcpyAsync: device-to-device addresses must be 64-byte aligned");
+    return rt().error(kRtAddrUnaligned,
+                      "aclrtMemcpyAsync: device-to-device addresses must be 64-byte aligned");
   }
   auto copy = [dst, src, count] { std::memcpy(dst, src, count); };
   if (pageable) {
@@ -427,17 +434,20 @@ AclError check_entry(size_t i, void* dst, size_t dest_max, const void* src, size
   const MemLocationType dl = location_of(dr);
   const MemLocationType sl = location_of(sr);
   auto as_host = [](MemLocationType t) {
-    return t == MemLocationType::kHostNuma || t == MemLocationType::kUnregistered ? MemLocationType::kHost : t;
+    return t == MemLocationType::kHostNuma || t == MemLocationType::kUnregistered ? MemLocationType::kHost
+                                                                                  : t;
   };
   if (as_host(dl) != as_host(attr.dstLoc.type) ||
       (dl == MemLocationType::kDevice && static_cast<int>(attr.dstLoc.id) != dr.device)) {
-    return fail(std::string("dst is ") + location_name(dl) + " memory of device " + std::to_string(dr.device) +
-                " but the attribute says " + location_name(attr.dstLoc.type) + " id " + std::to_string(attr.dstLoc.id));
+    return fail(std::string("dst is ") + location_name(dl) + " memory of device " +
+                std::to_string(dr.device) + " but the attribute says " + location_name(attr.dstLoc.type) +
+                " id " + std::to_string(attr.dstLoc.id));
   }
   if (as_host(sl) != as_host(attr.srcLoc.type) ||
       (sl == MemLocationType::kDevice && static_cast<int>(attr.srcLoc.id) != sr.device)) {
-    return fail(std::string("src is ") + location_name(sl) + " memory of device " + std::to_string(sr.device) +
-                " but the attribute says " + location_name(attr.srcLoc.type) + " id " + std::to_string(attr.srcLoc.id));
+    return fail(std::string("src is ") + location_name(sl) + " memory of device " +
+                std::to_string(sr.device) + " but the attribute says " + location_name(attr.srcLoc.type) +
+                " id " + std::to_string(attr.srcLoc.id));
   }
   if (as_host(dl) == as_host(sl)) return fail("only H2D and D2H copy directions are supported");
   *pageable = dl == MemLocationType::kUnregistered || sl == MemLocationType::kUnregistered;
@@ -573,15 +583,15 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
   }
   for (size_t i = 0; i < n; ++i) {
     if (dest_maxs[i] < sizes[i]) {
-      return rt().error(kInvalidParam, "aclrtMemcpyBatchAsync: destMaxs[" + std::to_string(i) +
-                                           "] < sizes[" + std::to_string(i) + "]");
+      return rt().error(kInvalidParam, "aclrtMemcpyBatchAsync: destMaxs[" + std::to_string(i) + "] < sizes[" +
+                                           std::to_string(i) + "]");
     }
   }
   for (size_t k = 0; k < num_attrs; ++k) {
     for (uint8_t byte : attrs[k].rsv) {
       if (byte != 0) {
-        return rt().error(kInvalidParam, "aclrtMemcpyBatchAsync: rsv field of attrs[" +
-                                             std::to_string(k) + "] must be 0");
+        return rt().error(kInvalidParam,
+                          "aclrtMemcpyBatchAsync: rsv field of attrs[" + std::to_string(k) + "] must be 0");
       }
     }
   }
@@ -598,8 +608,9 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
   // No cap on the entry count here [api_error.cc:7344-7386]: only the UB
   // route's pageable copy has one (batch_ub).
   if (num_attrs == 0 || num_attrs > n || attrs_indexes[0] != 0) {
-    return rt().error(kRtParamInvalid, "aclrtMemcpyBatchAsync: numAttrs must be in [1, numBatches] "
-                                       "and attrsIndexes[0] must be 0");
+    return rt().error(kRtParamInvalid,
+                      "aclrtMemcpyBatchAsync: numAttrs must be in [1, numBatches] "
+                      "and attrsIndexes[0] must be 0");
   }
   for (size_t k = 1; k < num_attrs; ++k) {
     if (attrs_indexes[k] <= attrs_indexes[k - 1] || attrs_indexes[k] >= n) {
@@ -616,9 +627,10 @@ AclError memcpy_batch_async(void** dsts, size_t* dest_maxs, void** srcs, size_t*
                       "asynchronous memory copy");
   }
   if (AclError e = check_context(s, "aclrtMemcpyBatchAsync")) return e;  // nothing queued
-  const AclError err = rt().batch_route == BatchRoute::kLoop
-                           ? batch_loop(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s)
-                           : batch_ub(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s);
+  const AclError err =
+      rt().batch_route == BatchRoute::kLoop
+          ? batch_loop(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s)
+          : batch_ub(dsts, dest_maxs, srcs, sizes, n, attrs, attrs_indexes, num_attrs, fail_index, s);
   // The runtime keeps no reference to the arrays once the call returns
   // [api_impl_david.cc:860-862 copies them; api_impl.cc:8887-8939 consumes
   // them entry by entry]: after a successful call, overwrite them, so a late
@@ -796,8 +808,8 @@ namespace {
 
 AclError noop_memcpy_async(void*, size_t, const void*, size_t, MemcpyKind, AclStream) { return 0; }
 AclError noop_host_unregister(void*) { return 0; }
-AclError noop_batch(void**, size_t*, void**, size_t*, size_t, MemcpyBatchAttr*, size_t*, size_t,
-                    size_t*, AclStream) {
+AclError noop_batch(void**, size_t*, void**, size_t*, size_t, MemcpyBatchAttr*, size_t*, size_t, size_t*,
+                    AclStream) {
   return 0;
 }
 AclError noop_capture(AclStream, CaptureStatus* status, void** model) {

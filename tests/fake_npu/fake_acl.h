@@ -73,8 +73,8 @@ struct Stream {
   int device = 0;
   int64_t id = 0;
   std::deque<std::pair<uint64_t, std::function<void()>>> queue;  // (sequence number, task)
-  uint64_t submitted = 0;  // sequence number of the last task queued
-  uint64_t executed = 0;   // sequence number of the last task run
+  uint64_t submitted = 0;                                        // sequence number of the last task queued
+  uint64_t executed = 0;                                         // sequence number of the last task run
   CaptureStatus capture = CaptureStatus::kNone;
   int graph = -1;  // while capturing
 };
@@ -84,8 +84,8 @@ struct Event {
   uint64_t seq = 0;
   bool recorded = false;
   double time_ms = 0;
-  int queued_records = 0;  // record tasks not yet run
-  bool destroyed = false;  // destroyed while a record was queued: freed by the last one
+  int queued_records = 0;                      // record tasks not yet run
+  bool destroyed = false;                      // destroyed while a record was queued: freed by the last one
   static inline std::atomic<int64_t> live{0};  // events not yet freed (tests)
   Event() { ++live; }
   ~Event() { --live; }
@@ -144,7 +144,7 @@ class Runtime {
   BatchRoute batch_route = BatchRoute::kLoop;
   size_t ub_chunk = 0;  // entries per UB chunk; 0: the whole batch
   std::vector<EntryFault> entry_faults;
-  std::set<int> batch_refused_devices;                  // 207000 for every batch on the device
+  std::set<int> batch_refused_devices;                      // 207000 for every batch on the device
   std::set<std::pair<int, int64_t>> batch_refused_streams;  // 207000 for one stream
   bool pin_records_only = false;       // driver without FEATURE_SVM_MEM_REGISTER_HOST_PINNED
   bool register_does_nothing = false;  // aclrtHostRegisterV2 succeeds and registers nothing
@@ -152,7 +152,7 @@ class Runtime {
   // CUDA hosts refuse one registration of 512 GiB or more (vLLM #45850), so the
   // fake lets a test set one. -1: none.
   int64_t register_max_bytes = -1;
-  int64_t registered_bytes = 0;  // bytes page-locked since reset: the cost clock
+  int64_t registered_bytes = 0;        // bytes page-locked since reset: the cost clock
   uint64_t work_entry_bytes = 0;       // bytes per captured work entry; 0: one per copy
   uint64_t scramble_calls = 0;         // batches scrambled so far (seeds the order)
   AclError entry_fault(size_t entry);  // for the current batch call

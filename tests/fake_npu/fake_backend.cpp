@@ -15,9 +15,9 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
-#include <ATen/ops/_reshape_alias_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 
@@ -300,7 +300,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<at::Layout>, std::optional<at::Device> device,
                                std::optional<bool>, std::optional<at::MemoryFormat> memory_format) {
   AllocateOn on(device);
-  return at::detail::empty_generic(size, &g_device_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  return at::detail::empty_generic(size, &g_device_allocator,
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
@@ -315,12 +316,12 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
 // A CPU tensor over the same memory as device tensor `t`.
 at::Tensor cpu_alias(const at::Tensor& t) {
   if (t.device().type() != kNpu) return t;
-  const size_t bytes = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size(),
-                                                         t.storage_offset());
+  const size_t bytes =
+      at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.element_size(), t.storage_offset());
   c10::Storage storage(c10::Storage::use_byte_size_t{}, bytes,
                        c10::DataPtr(t.storage().mutable_data(), c10::Device(c10::kCPU)), nullptr, false);
-  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                            c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides());
   out.unsafeGetTensorImpl()->set_storage_offset(t.storage_offset());
   return out;
@@ -333,11 +334,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
   return dst;
 }
 
-const at::Tensor& resize_npu(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> format) {
+const at::Tensor& resize_npu(const at::Tensor& self, c10::IntArrayRef size,
+                             std::optional<at::MemoryFormat> format) {
   auto* impl = self.unsafeGetTensorImpl();
   impl->set_sizes_contiguous(size);
-  at::native::maybe_resize_storage_cpu(
-      impl, at::detail::computeStorageNbytesContiguous(size, impl->dtype().itemsize(), impl->storage_offset()));
+  at::native::maybe_resize_storage_cpu(impl, at::detail::computeStorageNbytesContiguous(
+                                                 size, impl->dtype().itemsize(), impl->storage_offset()));
   if (format.has_value() && *format != at::MemoryFormat::Preserve) impl->empty_tensor_restride(*format);
   return self;
 }
@@ -366,8 +368,8 @@ at::Tensor& set_storage(at::Tensor& result, c10::Storage src) {
   return result;
 }
 
-at::Tensor& set_storage_offset(at::Tensor& result, c10::Storage storage, int64_t offset, c10::IntArrayRef size,
-                               c10::IntArrayRef stride) {
+at::Tensor& set_storage_offset(at::Tensor& result, c10::Storage storage, int64_t offset,
+                               c10::IntArrayRef size, c10::IntArrayRef stride) {
   result.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(storage));
   result.unsafeGetTensorImpl()->set_storage_offset(offset);
   result.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);
@@ -375,7 +377,8 @@ at::Tensor& set_storage_offset(at::Tensor& result, c10::Storage storage, int64_t
 }
 
 at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
-  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(),
+                            source.strides());
 }
 
 void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -443,7 +446,8 @@ double bench_submit(int64_t n, int64_t iters, int64_t direction, bool batch) {
   ascend::AclApi api = noop_table();
   if (!batch) api.memcpy_batch_async = nullptr;
   ascend::Engine engine(api);
-  std::vector<int64_t> src(static_cast<size_t>(n)), dst(static_cast<size_t>(n)), size(static_cast<size_t>(n), 4096);
+  std::vector<int64_t> src(static_cast<size_t>(n)), dst(static_cast<size_t>(n)),
+      size(static_cast<size_t>(n), 4096);
   for (int64_t i = 0; i < n; ++i) {
     src[static_cast<size_t>(i)] = 0x10000000 + i * 8192;
     dst[static_cast<size_t>(i)] = 0x40000000 + i * 8192;
@@ -511,15 +515,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   install();
   m.def("reset", &reset, "forget faults, counts, captures, queued copies; new engine state");
   m.def("set_absent", &set_absent, "ACL functions missing from the engine's table from now on");
-  m.def("fail", [](const std::string& fn, int code, int64_t at_call) { rt().fail(fn, code, at_call); },
-        py::arg("function"), py::arg("code"), py::arg("at_call") = -1);
+  m.def(
+      "fail", [](const std::string& fn, int code, int64_t at_call) { rt().fail(fn, code, at_call); },
+      py::arg("function"), py::arg("code"), py::arg("at_call") = -1);
   m.def("calls", [](const std::string& fn) { return rt().calls(fn); });
   m.def("null_stream_next", [] { rt().null_stream_next = true; });
   m.def("capture_begin", [](int d, int64_t s) { rt().capture_begin(stream_at(d, s)); });
   m.def("capture_end", [](int d, int64_t s) { return rt().capture_end(stream_at(d, s)); });
-  m.def("set_capture_status", [](int d, int64_t s, int status) {
-    stream_at(d, s)->capture = static_cast<CaptureStatus>(status);
-  });
+  m.def("set_capture_status",
+        [](int d, int64_t s, int status) { stream_at(d, s)->capture = static_cast<CaptureStatus>(status); });
   m.def("replay", [](int graph, int d, int64_t s) { rt().replay(graph, stream_at(d, s)); });
   m.def("graph_size", [](int graph) { return rt().graph_size(graph); });
   m.def("pending", [](int d, int64_t s) { return rt().pending(d, s); });
@@ -533,18 +537,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return static_cast<int>(kvswap::ascend::engine().capture_state(stream_at(d, s)));
   });
   m.def("raw_batch", &raw_batch);
-  m.def("set_batch_route", [](const std::string& route, size_t ub_chunk) {
-    TORCH_CHECK(route == "loop" || route == "ub", "route must be 'loop' or 'ub'");
-    rt().batch_route = route == "loop" ? BatchRoute::kLoop : BatchRoute::kUb;
-    rt().ub_chunk = ub_chunk;
-  }, py::arg("route"), py::arg("ub_chunk") = 0);
-  m.def("fail_entry", [](size_t entry, int code, int64_t at_call) {
-    rt().entry_faults.push_back(EntryFault{entry, code, at_call});
-  }, py::arg("entry"), py::arg("code"), py::arg("at_call") = -1);
+  m.def(
+      "set_batch_route",
+      [](const std::string& route, size_t ub_chunk) {
+        TORCH_CHECK(route == "loop" || route == "ub", "route must be 'loop' or 'ub'");
+        rt().batch_route = route == "loop" ? BatchRoute::kLoop : BatchRoute::kUb;
+        rt().ub_chunk = ub_chunk;
+      },
+      py::arg("route"), py::arg("ub_chunk") = 0);
+  m.def(
+      "fail_entry",
+      [](size_t entry, int code, int64_t at_call) {
+        rt().entry_faults.push_back(EntryFault{entry, code, at_call});
+      },
+      py::arg("entry"), py::arg("code"), py::arg("at_call") = -1);
   m.def("refuse_batches_on_device", [](int d) { rt().batch_refused_devices.insert(d); });
-  m.def("refuse_batches_on_stream", [](int d, int64_t s) { rt().batch_refused_streams.insert({d, s}); },
-        "the stream's captures are into a sub ACL graph: while capturing it refuses batches and "
-        "host<->device copies with 207000");
+  m.def(
+      "refuse_batches_on_stream", [](int d, int64_t s) { rt().batch_refused_streams.insert({d, s}); },
+      "the stream's captures are into a sub ACL graph: while capturing it refuses batches and "
+      "host<->device copies with 207000");
   m.def("set_pin_records_only", [](bool on) { rt().pin_records_only = on; });
   m.def("set_register_does_nothing", [](bool on) { rt().register_does_nothing = on; });
   m.def("set_register_max_bytes", [](int64_t bytes) { rt().register_max_bytes = bytes; });
@@ -557,11 +568,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::make_tuple(err, static_cast<int>(a.location.type), a.location.id);
   });
   m.def("raw_memcpy", &raw_memcpy);
-  m.def("raw_register", [](int64_t ptr, uint64_t bytes, bool pin) {
-    void* p = reinterpret_cast<void*>(ptr);
-    return pin ? rt().table().host_register_v2(p, bytes, kvswap::ascend::kHostRegPinned)
-               : rt().table().host_unregister(p);
-  }, "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) or aclrtHostUnregister, not through the engine");
+  m.def(
+      "raw_register",
+      [](int64_t ptr, uint64_t bytes, bool pin) {
+        void* p = reinterpret_cast<void*>(ptr);
+        return pin ? rt().table().host_register_v2(p, bytes, kvswap::ascend::kHostRegPinned)
+                   : rt().table().host_unregister(p);
+      },
+      "aclrtHostRegisterV2(ACL_HOST_REG_PINNED) or aclrtHostUnregister, not through the engine");
   m.def("bench_submit", &bench_submit);
   m.def("bench_acl_call", &bench_acl_call);
 }

@@ -13,8 +13,12 @@ import torch
 
 import torch_kvswap
 
-ABSENT_8_0 = ["aclrtMemcpyBatchAsync", "aclrtHostRegisterV2", "aclmdlRICaptureGetInfo",
-              "aclmdlRICaptureBegin"]  # CANN 8.0-like: none of the newer functions
+ABSENT_8_0 = [
+    "aclrtMemcpyBatchAsync",
+    "aclrtHostRegisterV2",
+    "aclmdlRICaptureGetInfo",
+    "aclmdlRICaptureBegin",
+]  # CANN 8.0-like: none of the newer functions
 FEATURE_NOT_SUPPORT = 207000
 RT_PARAM_INVALID = 107000
 MEMCPY_HOST_TO_DEVICE = 1  # aclrtMemcpyKind ACL_MEMCPY_HOST_TO_DEVICE [hdr acl_rt.h]
@@ -52,7 +56,7 @@ def aligned_host_buffer(nbytes):
     """A pageable CPU tensor whose data starts on a 4 KiB page."""
     raw = torch.empty(nbytes + 4096, dtype=torch.uint8)
     off = (-raw.data_ptr()) % 4096
-    return raw[off:off + nbytes]
+    return raw[off : off + nbytes]
 
 
 def pointer_copy(src, dst, pairs, code, *, block):

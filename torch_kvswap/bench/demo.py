@@ -16,6 +16,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,8 +32,13 @@ class HelpWithDefaults(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "default" in text or action.default is None or action.default is False \
-                or action.default == argparse.SUPPRESS or not action.option_strings:
+        if (
+            "default" in text
+            or action.default is None
+            or action.default is False
+            or action.default == argparse.SUPPRESS
+            or not action.option_strings
+        ):
             return text
         default = action.default
         if isinstance(default, (list, tuple)):  # as it would be typed: 2 4 8
@@ -105,6 +111,7 @@ def gib(n: float, rounding=math.ceil) -> str:
 def blocks_needed(args: argparse.Namespace) -> int:
     """The fewest device blocks per tensor from which --offload-fraction
     gives --jobs host blocks of --factor device blocks."""
+
     def enough(n: int) -> bool:
         return int(n * args.offload_fraction) // args.factor >= args.jobs
 
@@ -128,15 +135,23 @@ def make_plan(args: argparse.Namespace) -> Plan:
         need = blocks_needed(args)
         itemsize = getattr(torch, args.dtype).itemsize
         raise ValueError(
-            f"--cache-gib {args.cache_gib:g} holds {num_blocks} device blocks in each of {tensors} K/V tensors "
-            f"(--layers {args.layers}) of {per_block}-byte blocks (--block-tokens {args.block_tokens} x "
-            f"--kv-heads {args.kv_heads} x --head-dim {args.head_dim} x {itemsize}-byte {args.dtype}); "
-            f"--jobs {args.jobs} needs {args.jobs} host blocks of --factor {args.factor} device blocks from "
-            f"--offload-fraction {args.offload_fraction:g} of them, so {need} per tensor: raise --cache-gib to "
+            f"--cache-gib {args.cache_gib:g} holds {num_blocks} device blocks in each of {tensors} "
+            f"K/V tensors (--layers {args.layers}) of {per_block}-byte blocks (--block-tokens "
+            f"{args.block_tokens} x --kv-heads {args.kv_heads} x --head-dim {args.head_dim} x "
+            f"{itemsize}-byte {args.dtype}); --jobs {args.jobs} needs {args.jobs} host blocks of "
+            f"--factor {args.factor} device blocks from --offload-fraction {args.offload_fraction:g} "
+            f"of them, so {need} per tensor: raise --cache-gib to "
             f"at least {gib(need * tensors * per_block)}, or lower --layers, --kv-heads, --head-dim, "
-            f"--block-tokens, --factor or --jobs")
-    return Plan(per_block, num_blocks, host_blocks,
-                (num_blocks, args.block_tokens, args.kv_heads, args.head_dim), tensors, args.factor)
+            f"--block-tokens, --factor or --jobs"
+        )
+    return Plan(
+        per_block,
+        num_blocks,
+        host_blocks,
+        (num_blocks, args.block_tokens, args.kv_heads, args.head_dim),
+        tensors,
+        args.factor,
+    )
 
 
 def check_memory(args: argparse.Namespace, plan: Plan) -> None:
@@ -154,7 +169,8 @@ def check_memory(args: argparse.Namespace, plan: Plan) -> None:
                 f"--cache-gib {args.cache_gib:g} needs {gib(need)} GiB of {name} memory ({what}), and "
                 f"{gib(free, math.floor)} GiB is free: lower --cache-gib to at most about "
                 f"{gib(args.cache_gib * 2**30 * free / need, math.floor)}"
-                + (" or --offload-fraction" if name == "host" else ""))
+                + (" or --offload-fraction" if name == "host" else "")
+            )
 
 
 def free_bytes(device: torch.device) -> int | None:
@@ -176,8 +192,8 @@ def free_host_bytes() -> int | None:
     except (OSError, StopIteration, ValueError):
         pass
     try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        used = int(open("/sys/fs/cgroup/memory.current").read())
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
         if limit != "max":
             free = min(int(limit) - used, free if free is not None else int(limit))
     except (OSError, ValueError):
@@ -205,8 +221,12 @@ def device_option(text: str) -> torch.device:
     if device is not None and device.type == "cpu":
         usable = device.index in (None, 0)
     else:
-        usable = device is not None and acc is not None and device.type == acc[0] \
+        usable = (
+            device is not None
+            and acc is not None
+            and device.type == acc[0]
             and (device.index is None or device.index < acc[1])
+        )
     if not usable:
         none = "" if acc is not None else " (torch finds no accelerator here)"
         raise argparse.ArgumentTypeError(f"expected {accepted}{none}, got {text}")
@@ -214,24 +234,48 @@ def device_option(text: str) -> torch.device:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench.demo", description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpWithDefaults)
+    p = argparse.ArgumentParser(
+        prog="python -m torch_kvswap.bench.demo",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpWithDefaults,
+    )
     p.add_argument("--layers", type=positive_int, default=32, help="model layers; each has a K and a V cache")
     p.add_argument("--kv-heads", type=positive_int, default=8, help="KV heads per layer")
     p.add_argument("--head-dim", type=positive_int, default=128, help="elements per head")
     p.add_argument("--block-tokens", type=positive_int, default=16, help="tokens per device block")
-    p.add_argument("--cache-gib", type=positive_float, default=1.0,
-                   help="size of the device KV cache, all layers, in GiB")
-    p.add_argument("--factor", type=positive_int, default=2,
-                   help="device blocks per host block (host blocks are this many times larger)")
-    p.add_argument("--offload-fraction", type=fraction, default=0.5,
-                   help="share of the device blocks to offload and load back, in (0, 1]")
-    p.add_argument("--jobs", type=positive_int, default=4,
-                   help="split each direction into this many offloader jobs")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "int8"],
-                   help="element type of the cache")
-    p.add_argument("--device", type=device_option, default=None,
-                   help="device of the cache, e.g. cuda:1 (default: the current accelerator, else cpu)")
+    p.add_argument(
+        "--cache-gib",
+        type=positive_float,
+        default=1.0,
+        help="size of the device KV cache, all layers, in GiB",
+    )
+    p.add_argument(
+        "--factor",
+        type=positive_int,
+        default=2,
+        help="device blocks per host block (host blocks are this many times larger)",
+    )
+    p.add_argument(
+        "--offload-fraction",
+        type=fraction,
+        default=0.5,
+        help="share of the device blocks to offload and load back, in (0, 1]",
+    )
+    p.add_argument(
+        "--jobs", type=positive_int, default=4, help="split each direction into this many offloader jobs"
+    )
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32", "int8"],
+        help="element type of the cache",
+    )
+    p.add_argument(
+        "--device",
+        type=device_option,
+        default=None,
+        help="device of the cache, e.g. cuda:1 (default: the current accelerator, else cpu)",
+    )
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the cache's contents and block ids")
     return p
 
@@ -261,7 +305,11 @@ def pick_device(name: str | torch.device | None) -> torch.device:
 
 
 def fill_random(t: torch.Tensor, gen: torch.Generator) -> None:
-    raw = t.view(torch.uint8) if t.element_size() == 1 else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+    raw = (
+        t.view(torch.uint8)
+        if t.element_size() == 1
+        else t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+    )
     info = torch.iinfo(raw.dtype)
     raw.copy_(torch.randint(info.min, info.max, raw.shape, dtype=raw.dtype, generator=gen).to(raw.device))
 
@@ -271,8 +319,10 @@ def report(kind: str, results: list[TransferResult], seconds: float) -> float:
     ok = all(r.success for r in results)
     job_times = ", ".join(f"{r.transfer_time * 1e3:.1f}" for r in results)
     rate = moved / seconds / 1e9
-    print(f"  {kind:<5} {len(results)} jobs, {moved / 2**20:8.1f} MiB in {seconds * 1e3:8.1f} ms "
-          f"= {rate:6.2f} GB/s  (success: {ok}; job times from get_finished, ms: {job_times})")
+    print(
+        f"  {kind:<5} {len(results)} jobs, {moved / 2**20:8.1f} MiB in {seconds * 1e3:8.1f} ms "
+        f"= {rate:6.2f} GB/s  (success: {ok}; job times from get_finished, ms: {job_times})"
+    )
     return rate
 
 
@@ -304,11 +354,15 @@ def main(argv=None) -> int:
     per_block, num_blocks, shape = plan.per_block, plan.num_blocks, plan.shape
     bytes_per_block_all_layers = plan.bytes_per_block_all_layers
     idle = idle_engines(device)
-    print(f"torch_kvswap demo on {device}: copies run on the {engine_name(device)}"
-          + (f"; loaded, unused here: {', '.join(idle)}" if idle else ""))
-    print(f"  device cache: {args.layers} layers x (K, V) x {shape} {args.dtype} = "
-          f"{num_blocks * bytes_per_block_all_layers / 2**30:.2f} GiB, {per_block // 1024} KiB per block "
-          f"per tensor")
+    print(
+        f"torch_kvswap demo on {device}: copies run on the {engine_name(device)}"
+        + (f"; loaded, unused here: {', '.join(idle)}" if idle else "")
+    )
+    print(
+        f"  device cache: {args.layers} layers x (K, V) x {shape} {args.dtype} = "
+        f"{num_blocks * bytes_per_block_all_layers / 2**30:.2f} GiB, {per_block // 1024} KiB per block "
+        f"per tensor"
+    )
 
     caches = {}
     for layer in range(args.layers):
@@ -317,11 +371,16 @@ def main(argv=None) -> int:
         caches[f"layer.{layer}"] = kv  # [2, num_blocks, ...] stacked layout
 
     host_blocks_needed = plan.host_blocks
-    with KVCacheOffloader(caches, device_block_size=args.block_tokens,
-                          host_block_size=args.block_tokens * args.factor,
-                          num_host_blocks=host_blocks_needed) as offloader:
-        print(f"  host mirror:  {host_blocks_needed} host blocks of {args.factor} device blocks, "
-              f"{offloader.host_bytes / 2**30:.2f} GiB, pinned: {offloader.pinned}")
+    with KVCacheOffloader(
+        caches,
+        device_block_size=args.block_tokens,
+        host_block_size=args.block_tokens * args.factor,
+        num_host_blocks=host_blocks_needed,
+    ) as offloader:
+        print(
+            f"  host mirror:  {host_blocks_needed} host blocks of {args.factor} device blocks, "
+            f"{offloader.host_bytes / 2**30:.2f} GiB, pinned: {offloader.pinned}"
+        )
         n_dev = host_blocks_needed * args.factor
         device_ids = rng.permutation(num_blocks)[:n_dev].astype(np.int64)
         host_ids = rng.permutation(host_blocks_needed).astype(np.int64)
@@ -331,7 +390,7 @@ def main(argv=None) -> int:
         # Whole host blocks per job: job i moves jobs_host[i] and its sub-blocks.
         jobs_host = np.array_split(host_ids, args.jobs)
         bounds = np.cumsum([0] + [len(h) for h in jobs_host]) * args.factor
-        jobs_dev = [device_ids[bounds[i]:bounds[i + 1]] for i in range(args.jobs)]
+        jobs_dev = [device_ids[bounds[i] : bounds[i + 1]] for i in range(args.jobs)]
 
         t0 = time.perf_counter()
         for j, (d, h) in enumerate(zip(jobs_dev, jobs_host)):
@@ -350,16 +409,24 @@ def main(argv=None) -> int:
         load_s = time.perf_counter() - t0
         load_results = offloader.get_finished()
 
-    print(f"  the {engine_name(device)} moved {n_dev} device blocks "
-          f"({n_dev * bytes_per_block_all_layers / 2**20:.0f} MiB) each way:")
+    print(
+        f"  the {engine_name(device)} moved {n_dev} device blocks "
+        f"({n_dev * bytes_per_block_all_layers / 2**20:.0f} MiB) each way:"
+    )
     report("store", store_results, store_s)
     report("load", load_results, load_s)
 
-    mismatched = [name for name, kv in caches.items()
-                  if not torch.equal(kv[:, torch.from_numpy(device_ids).to(device)].cpu().view(torch.uint8),
-                                     before[name].view(torch.uint8))]
+    mismatched = [
+        name
+        for name, kv in caches.items()
+        if not torch.equal(
+            kv[:, torch.from_numpy(device_ids).to(device)].cpu().view(torch.uint8),
+            before[name].view(torch.uint8),
+        )
+    ]
     ok = not mismatched and all(r.success for r in store_results + load_results)
-    print(f"  verified every byte of {len(caches)} layers: {'OK' if ok else 'MISMATCH in ' + ', '.join(mismatched)}")
+    verdict = "OK" if ok else "MISMATCH in " + ", ".join(mismatched)
+    print(f"  verified every byte of {len(caches)} layers: {verdict}")
     return 0 if ok else 1
 
 

@@ -21,19 +21,35 @@ from torch_kvswap.offloader.host_memory import HostMemory
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench host-memory",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m torch_kvswap.bench host-memory", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--gib", type=float, nargs="+", default=[1, 4, 8], help="mirror sizes, GiB")
     p.add_argument("--repeats", type=int, default=5, help="rounds of each; medians are reported")
-    p.add_argument("--warmup", type=int, default=1,
-                   help="rounds of each run first and not counted: a virtual machine's first touch of "
-                        "memory it has not touched before is paid by whichever allocation comes first")
-    p.add_argument("--device", default="cpu",
-                   help="the device the mirrors serve (an accelerator's are page-locked)")
-    p.add_argument("--tensors", type=int, nargs="*", default=[2, 32, 256],
-                   help="cache tensors, for the construction cost (256 host blocks of 1 KiB each)")
-    p.add_argument("--host-blocks", type=int, nargs="*", default=[1024, 16384, 131072],
-                   help="host blocks, for the construction cost (8 tensors of 1 KiB blocks)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="rounds of each run first and not counted: a virtual machine's first touch of "
+        "memory it has not touched before is paid by whichever allocation comes first",
+    )
+    p.add_argument(
+        "--device", default="cpu", help="the device the mirrors serve (an accelerator's are page-locked)"
+    )
+    p.add_argument(
+        "--tensors",
+        type=int,
+        nargs="*",
+        default=[2, 32, 256],
+        help="cache tensors, for the construction cost (256 host blocks of 1 KiB each)",
+    )
+    p.add_argument(
+        "--host-blocks",
+        type=int,
+        nargs="*",
+        default=[1024, 16384, 131072],
+        help="host blocks, for the construction cost (8 tensors of 1 KiB blocks)",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     return p
 
@@ -61,8 +77,7 @@ def ready(nbytes: int, device: torch.device) -> HostMemory:
     return memory
 
 
-def ready_rows(sizes_gib: list[float], repeats: int, device: torch.device,
-               warmup: int = 0) -> list[dict]:
+def ready_rows(sizes_gib: list[float], repeats: int, device: torch.device, warmup: int = 0) -> list[dict]:
     rows = []
     for gib in sizes_gib:
         nbytes = int(gib * (1 << 30))
@@ -85,8 +100,16 @@ def ready_rows(sizes_gib: list[float], repeats: int, device: torch.device,
                 if i >= warmup:
                     times[name].append(seconds)
         z, m = statistics.median(times["zeros"]), statistics.median(times["ready"])
-        rows.append({"gib": gib, "zeros_s": z, "ready_s": m, "ratio": m / z,
-                     "zeros_all_s": times["zeros"], "ready_all_s": times["ready"]})
+        rows.append(
+            {
+                "gib": gib,
+                "zeros_s": z,
+                "ready_s": m,
+                "ratio": m / z,
+                "zeros_all_s": times["zeros"],
+                "ready_all_s": times["ready"],
+            }
+        )
     return rows
 
 
@@ -110,10 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup < 0:
         raise SystemExit("--warmup must be >= 0")
     device = torch.device(args.device)
-    result = {"ready": ready_rows(args.gib, args.repeats, device, args.warmup),
-              "construction": construction_rows(args.tensors, args.host_blocks, args.repeats)}
-    print(f"mirrors ready on {device} against torch.zeros of the same bytes (median of {args.repeats}, "
-          f"after {args.warmup} uncounted round(s) of each)")
+    result = {
+        "ready": ready_rows(args.gib, args.repeats, device, args.warmup),
+        "construction": construction_rows(args.tensors, args.host_blocks, args.repeats),
+    }
+    print(
+        f"mirrors ready on {device} against torch.zeros of the same bytes (median of {args.repeats}, "
+        f"after {args.warmup} uncounted round(s) of each)"
+    )
     print(f"{'GiB':>6} {'zeros s':>9} {'ready s':>9} {'ratio':>7}")
     for r in result["ready"]:
         print(f"{r['gib']:>6g} {r['zeros_s']:>9.3f} {r['ready_s']:>9.3f} {r['ratio']:>7.3f}")

@@ -104,24 +104,34 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--blocks", type=int, default=8, help="device blocks per job (even)")
-    p.add_argument("--block-kib", type=float, nargs="+", default=[4, 32, 256],
-                   help="KiB per block of each of the 8 cache tensors")
+    p.add_argument(
+        "--block-kib",
+        type=float,
+        nargs="+",
+        default=[4, 32, 256],
+        help="KiB per block of each of the 8 cache tensors",
+    )
     p.add_argument("--reps", type=int, default=9)
-    p.add_argument("--no-yield", action="store_true",
-                   help="disable the yield in an idle get_finished (comparison only)")
+    p.add_argument(
+        "--no-yield", action="store_true", help="disable the yield in an idle get_finished (comparison only)"
+    )
     args = p.parse_args(argv)
     if args.no_yield:
         os.sched_yield = lambda: None  # type: ignore[assignment]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
-          f"{os.cpu_count()} CPUs; {args.jobs} store jobs of {args.blocks} blocks x 8 tensors; "
-          f"yield in idle get_finished: {not args.no_yield}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
+        f"{os.cpu_count()} CPUs; {args.jobs} store jobs of {args.blocks} blocks x 8 tensors; "
+        f"yield in idle get_finished: {not args.no_yield}"
+    )
     print(f"{'KiB/block':>9} {'wait ms':>9} {'poll ms':>9} {'poll/wait':>9}")
     for kib in args.block_kib:
         w, po, r = polling_vs_waiting(kib, args.blocks, args.jobs, args.reps)
         print(f"{kib:>9g} {w * 1e3:>9.1f} {po * 1e3:>9.1f} {r:>9.2f}")
     during, idle = gil_released_during_copy()
-    print(f"GIL during swap_blocks: a Python thread ran {during} loop iterations during one "
-          f"256 MiB copy, {idle} in the same time with no copy ({during / max(idle, 1):.0%})")
+    print(
+        f"GIL during swap_blocks: a Python thread ran {during} loop iterations during one "
+        f"256 MiB copy, {idle} in the same time with no copy ({during / max(idle, 1):.0%})"
+    )
 
 
 if __name__ == "__main__":

@@ -62,29 +62,57 @@ class Row:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=HelpWithDefaults)
-    p.add_argument("--block-kib", type=float, nargs="+", default=[2, 4, 8, 16, 32, 64, 128, 256],
-                   help="bytes per block per cache tensor, in KiB")
+    p = argparse.ArgumentParser(
+        prog="python -m torch_kvswap.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpWithDefaults,
+    )
+    p.add_argument(
+        "--block-kib",
+        type=float,
+        nargs="+",
+        default=[2, 4, 8, 16, 32, 64, 128, 256],
+        help="bytes per block per cache tensor, in KiB",
+    )
     p.add_argument("--total-mib", type=float, default=256, help="bytes moved per block size")
     p.add_argument("--layers", type=int, default=4, help="layers; each has a K and a V tensor")
-    p.add_argument("--dtype", default="bfloat16",
-                   choices=["bfloat16", "float16", "float32", "int8", "uint8"], help="cache element type")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32", "int8", "uint8"],
+        help="cache element type",
+    )
     p.add_argument("--repeats", type=int, default=7, help="timed rounds; the median is reported")
-    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS,
-                   help="what to time (contiguous always runs: it is the limit)")
-    p.add_argument("--direction", default="d2h", choices=["d2h", "h2d"],
-                   help="on an accelerator: device->host or host->device (ignored on the CPU)")
-    p.add_argument("--device", default=None,
-                   help="device to measure on (default: the current accelerator, else cpu)")
-    p.add_argument("--host-modes", nargs="*", default=[],
-                   choices=["parallel_for", "memcpy", "prefetch", "stream", "auto"],
-                   help="host engine only: also time kvswap_tensor with each KVSWAP_HOST_COPY mode")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=METHODS,
+        choices=METHODS,
+        help="what to time (contiguous always runs: it is the limit)",
+    )
+    p.add_argument(
+        "--direction",
+        default="d2h",
+        choices=["d2h", "h2d"],
+        help="on an accelerator: device->host or host->device (ignored on the CPU)",
+    )
+    p.add_argument(
+        "--device", default=None, help="device to measure on (default: the current accelerator, else cpu)"
+    )
+    p.add_argument(
+        "--host-modes",
+        nargs="*",
+        default=[],
+        choices=["parallel_for", "memcpy", "prefetch", "stream", "auto"],
+        help="host engine only: also time kvswap_tensor with each KVSWAP_HOST_COPY mode",
+    )
     p.add_argument("--overhead", action="store_true", help="also measure the host-side cost")
     p.add_argument("--json", default=None, help="write the results here (default: not written)")
-    p.add_argument("--plot", default=None,
-                   help="write a PNG plot here (needs matplotlib, checked before the run; default: no plot)")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="write a PNG plot here (needs matplotlib, checked before the run; default: no plot)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random block ids")
     return p
 
@@ -93,8 +121,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
     if args.plot and not matplotlib_available():
-        p.error(f"--plot {args.plot} needs matplotlib, which is not installed "
-                "(pip install matplotlib, or drop --plot)")
+        p.error(
+            f"--plot {args.plot} needs matplotlib, which is not installed "
+            "(pip install matplotlib, or drop --plot)"
+        )
     return args
 
 
@@ -169,7 +199,7 @@ def make_case(block_bytes: int, args, arenas: Arenas, rng: np.random.Generator):
     n = max(1, int(args.total_mib * 2**20) // (block_bytes * tensors))
     dev_is_src = args.direction == "d2h"
     total = n * tensors * block_bytes
-    src_all = arenas.src[:2 * total].view(dtype).view(tensors, 2 * n, elems)
+    src_all = arenas.src[: 2 * total].view(dtype).view(tensors, 2 * n, elems)
     dst_all = arenas.dst[:total].view(dtype).view(tensors, n, elems)
     src = [src_all[t] for t in range(tensors)]
     dst = [dst_all[t] for t in range(tensors)]
@@ -183,7 +213,9 @@ def make_case(block_bytes: int, args, arenas: Arenas, rng: np.random.Generator):
     sp = torch.from_numpy((sbase + sid.numpy()[None, :] * block_bytes).ravel())
     dp = torch.from_numpy((dbase + did.numpy()[None, :] * block_bytes).ravel())
     sz = torch.full((sp.numel(),), block_bytes, dtype=torch.int64)
-    direction = int(torch_kvswap.Direction.DEVICE_TO_HOST if dev_is_src else torch_kvswap.Direction.HOST_TO_DEVICE)
+    direction = int(
+        torch_kvswap.Direction.DEVICE_TO_HOST if dev_is_src else torch_kvswap.Direction.HOST_TO_DEVICE
+    )
     sid_list, did_list = sid.tolist(), did.tolist()
 
     def copy_loop():
@@ -205,19 +237,21 @@ def make_case(block_bytes: int, args, arenas: Arenas, rng: np.random.Generator):
         "index": index,
     }
     for mode in args.host_modes:
+
         def with_mode(mode=mode):
             os.environ["KVSWAP_HOST_COPY"] = mode
             try:
                 torch.ops.kvswap.swap_blocks(src, dst, sid, did)
             finally:
                 os.environ.pop("KVSWAP_HOST_COPY", None)
+
         fns[f"tensor[{mode}]"] = with_mode
     return total, fns, (src, dst, sid, did)
 
 
 def check_case(case) -> None:
     src, dst, sid, did = case
-    for s, d in zip(src, dst):
+    for s, _d in zip(src, dst):
         s.view(torch.uint8).copy_(torch.randint(0, 255, s.view(torch.uint8).shape, dtype=torch.uint8))
     torch.ops.kvswap.swap_blocks(src, dst, sid, did)
     if src[0].device.type != "cpu" or dst[0].device.type != "cpu":
@@ -241,9 +275,11 @@ def run_sizes(args, device: torch.device) -> list[Row]:
         block_bytes = int(kib * 1024)
         total, fns, case = make_case(block_bytes, args, arenas, rng)
         check_case(case)
-        progress(f"[{k}/{len(args.block_kib)}] {kib:g} KiB blocks: {total / 2**20:.0f} MiB in "
-                 f"{total // (block_bytes * 2 * args.layers)} blocks x {2 * args.layers} tensors, "
-                 f"checked")
+        progress(
+            f"[{k}/{len(args.block_kib)}] {kib:g} KiB blocks: {total / 2**20:.0f} MiB in "
+            f"{total // (block_bytes * 2 * args.layers)} blocks x {2 * args.layers} tensors, "
+            f"checked"
+        )
         cases.append((kib, total, fns))
         for m in methods:
             timer(fns[m])  # warm-up: first touch, allocator, caches
@@ -252,13 +288,14 @@ def run_sizes(args, device: torch.device) -> list[Row]:
         progress(f"repetition {r + 1}/{args.repeats}: {len(cases)} block sizes x {len(methods)} methods")
         for kib, _, fns in cases:
             # Rotate the order too, so no method always follows the same one.
-            for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+            for m in methods[r % len(methods) :] + methods[: r % len(methods)]:
                 times[kib, m].append(timer(fns[m]))
     return summarize([(kib, total) for kib, total, _ in cases], methods, times)
 
 
-def summarize(sizes: list[tuple[float, int]], methods: list[str],
-              times: dict[tuple[float, str], list[float]]) -> list[Row]:
+def summarize(
+    sizes: list[tuple[float, int]], methods: list[str], times: dict[tuple[float, str], list[float]]
+) -> list[Row]:
     """Rows from the timings: ``times[kib, method]`` holds one time per
     repetition, in repetition order, for each ``(kib, total bytes)`` of
     ``sizes``; ``methods`` includes ``contiguous``. Checked on made-up times
@@ -272,10 +309,14 @@ def summarize(sizes: list[tuple[float, int]], methods: list[str],
             # of the same size timed in the same round, so slow spells of a
             # shared machine cancel out; the median of those ratios is reported.
             ratio = statistics.median(c / x for c, x in zip(times[kib, "contiguous"], t))
-            over_index = (statistics.median(i / x for i, x in zip(times[kib, "index"], t))
-                          if "index" in methods else None)
-            rows.append(Row(kib, m, total / med / 1e9, ratio, med, speedup_over_index=over_index,
-                            seconds_all=t))
+            over_index = (
+                statistics.median(i / x for i, x in zip(times[kib, "index"], t))
+                if "index" in methods
+                else None
+            )
+            rows.append(
+                Row(kib, m, total / med / 1e9, ratio, med, speedup_over_index=over_index, seconds_all=t)
+            )
     run_limit = statistics.median(r.gbps for r in rows if r.method == "contiguous")
     for r in rows:
         r.ratio_to_run_limit = r.gbps / run_limit
@@ -294,7 +335,10 @@ def measure_overhead(args) -> dict:
         hosts = [torch.empty(4 * blocks, 16, dtype=torch.uint8) for _ in range(tensors)]
         sid = torch.from_numpy(rng.permutation(4 * blocks)[:blocks].astype(np.int64))
         did = torch.from_numpy(rng.permutation(4 * blocks)[:blocks].astype(np.int64))
-        plan = lambda: torch.ops.kvswap._plan_swap_blocks(caches, hosts, sid, did)  # noqa: E731
+
+        def plan():
+            return torch.ops.kvswap._plan_swap_blocks(caches, hosts, sid, did)
+
         for _ in range(3):
             timer(plan)
         t = statistics.median(timer(plan) for _ in range(21))
@@ -318,13 +362,19 @@ def measure_overhead(args) -> dict:
     # Fixed cost of a whole eager call from Python: one 1-byte block.
     src, dst = [torch.zeros(4, 1, dtype=torch.uint8)], [torch.zeros(4, 1, dtype=torch.uint8)]
     one, two = torch.tensor([1]), torch.tensor([2])
-    call = lambda: torch.ops.kvswap.swap_blocks.default(src, dst, one, two)  # noqa: E731
+
+    def call():
+        return torch.ops.kvswap.swap_blocks.default(src, dst, one, two)
+
     for _ in range(100):
         call()
     t = statistics.median(timer(call) for _ in range(2001))
     out["fixed_cost_per_call_us"] = t * 1e6
     sp, dp, sz = torch.tensor([src[0].data_ptr()]), torch.tensor([dst[0].data_ptr()]), torch.tensor([1])
-    call_ptr = lambda: torch.ops.kvswap.swap_blocks_batch.default(sp, dp, sz, 0)  # noqa: E731
+
+    def call_ptr():
+        return torch.ops.kvswap.swap_blocks_batch.default(sp, dp, sz, 0)
+
     t = statistics.median(timer(call_ptr) for _ in range(2001))
     out["fixed_cost_per_pointer_call_us"] = t * 1e6
     return out

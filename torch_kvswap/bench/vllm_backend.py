@@ -43,8 +43,9 @@ from .. import ops
 from ..integrations.vllm.copy_backend import KVSwapCopyBackend
 
 
-def loop_copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor],
-              src_ids: list[int], dst_ids: list[int]) -> None:
+def loop_copy(
+    src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor], src_ids: list[int], dst_ids: list[int]
+) -> None:
     """vLLM's CpuCopyBackend: one ``copy_`` per block and layer."""
     for name, s in src.items():
         d = dst[name]
@@ -90,17 +91,22 @@ class PointerCopy:
         src_all = (self.src_bases[:, None] + s[None, :] * self.bpb[:, None]).ravel()
         dst_all = (self.dst_bases[:, None] + d[None, :] * self.bpb[:, None]).ravel()
         sizes = np.repeat(self.bpb, len(s))
-        ops.swap_blocks_batch(torch.from_numpy(src_all.view(np.int64)),
-                              torch.from_numpy(dst_all.view(np.int64)),
-                              torch.from_numpy(sizes.view(np.int64)), ops.Direction.DEVICE_TO_HOST)
+        ops.swap_blocks_batch(
+            torch.from_numpy(src_all.view(np.int64)),
+            torch.from_numpy(dst_all.view(np.int64)),
+            torch.from_numpy(sizes.view(np.int64)),
+            ops.Direction.DEVICE_TO_HOST,
+        )
 
 
 def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int) -> dict:
     block_bytes = int(block_kib * 1024)
     num = 2 * blocks
     g = torch.Generator().manual_seed(seed)
-    device = {f"layers.{i}": torch.randint(-128, 127, (num, block_bytes), generator=g, dtype=torch.int8)
-              for i in range(layers)}
+    device = {
+        f"layers.{i}": torch.randint(-128, 127, (num, block_bytes), generator=g, dtype=torch.int8)
+        for i in range(layers)
+    }
     rng = np.random.default_rng(seed)
     src_ids = sorted(rng.choice(num, blocks, replace=False).tolist())
     dst_ids = rng.permutation(num)[:blocks].tolist()
@@ -108,8 +114,10 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
     for n in want:
         want[n][dst_ids] = device[n][src_ids]
 
-    hosts = {m: {n: torch.zeros(num, block_bytes, dtype=torch.int8) for n in device}
-             for m in ("kvswap", "loop", "pointers")}
+    hosts = {
+        m: {n: torch.zeros(num, block_bytes, dtype=torch.int8) for n in device}
+        for m in ("kvswap", "loop", "pointers")
+    }
     flat_src = torch.randint(-128, 127, (layers * blocks * block_bytes,), generator=g, dtype=torch.int8)
     flat_dst = torch.zeros_like(flat_src)
     backend = KVSwapCopyBackend()
@@ -121,9 +129,12 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
         backend.launch_copy(src_ids, dst_ids, True, 0, events)
         events.pop()[1].synchronize()
 
-    runs = {"kvswap": kvswap, "loop": lambda: loop_copy(device, hosts["loop"], src_ids, dst_ids),
-            "pointers": lambda: pointers.launch(src_ids, dst_ids).result(),
-            "memcpy": lambda: flat_dst.copy_(flat_src)}
+    runs = {
+        "kvswap": kvswap,
+        "loop": lambda: loop_copy(device, hosts["loop"], src_ids, dst_ids),
+        "pointers": lambda: pointers.launch(src_ids, dst_ids).result(),
+        "memcpy": lambda: flat_dst.copy_(flat_src),
+    }
     times: dict[str, list[float]] = {m: [] for m in runs}
     try:
         for _ in range(repeats):
@@ -139,45 +150,67 @@ def measure(block_kib: float, layers: int, blocks: int, repeats: int, seed: int)
             if not torch.equal(host[n], want[n]):
                 raise AssertionError(f"{m}: region {n} differs from the reference copy")
     med = {m: statistics.median(t) for m, t in times.items()}
-    return {"block_kib": block_kib, "layers": layers, "blocks": blocks,
-            "seconds": med, "loop_over_kvswap": med["loop"] / med["kvswap"],
-            "pointers_over_kvswap": med["pointers"] / med["kvswap"],
-            "kvswap_over_memcpy": med["kvswap"] / med["memcpy"],
-            "kvswap_gib_s": layers * blocks * block_bytes / med["kvswap"] / 2**30}
+    return {
+        "block_kib": block_kib,
+        "layers": layers,
+        "blocks": blocks,
+        "seconds": med,
+        "loop_over_kvswap": med["loop"] / med["kvswap"],
+        "pointers_over_kvswap": med["pointers"] / med["kvswap"],
+        "kvswap_over_memcpy": med["kvswap"] / med["memcpy"],
+        "kvswap_gib_s": layers * blocks * block_bytes / med["kvswap"] / 2**30,
+    }
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_kvswap.bench.vllm_backend", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m torch_kvswap.bench.vllm_backend",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--block-kib", type=float, nargs="+", default=[4, 32, 256])
     p.add_argument("--layers", type=int, default=32)
-    p.add_argument("--blocks", type=int, default=None,
-                   help="blocks per launch (default: 8 MiB per launch, at least 8 blocks)")
+    p.add_argument(
+        "--blocks",
+        type=int,
+        default=None,
+        help="blocks per launch (default: 8 MiB per launch, at least 8 blocks)",
+    )
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads for the run (the host engine's copy threads)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads for the run (the host engine's copy threads)",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'block':>8} {'blocks':>6} {'kvswap ms':>10} {'loop ms':>9} {'pointers ms':>11} "
-          f"{'memcpy ms':>9} {'loop/kvswap':>11} {'pointers/kvswap':>15} {'kvswap/memcpy':>13} "
-          f"{'kvswap GiB/s':>12}")
+    print(
+        f"{'block':>8} {'blocks':>6} {'kvswap ms':>10} {'loop ms':>9} {'pointers ms':>11} "
+        f"{'memcpy ms':>9} {'loop/kvswap':>11} {'pointers/kvswap':>15} {'kvswap/memcpy':>13} "
+        f"{'kvswap GiB/s':>12}"
+    )
     for kib in args.block_kib:
         blocks = args.blocks or max(8, int(8 * 1024 // (kib * args.layers)))
         r = measure(kib, args.layers, blocks, args.repeats, args.seed)
         rows.append(r)
         s = r["seconds"]
-        print(f"{kib:>6g}Ki {blocks:>6} {s['kvswap'] * 1e3:>10.3f} {s['loop'] * 1e3:>9.3f} "
-              f"{s['pointers'] * 1e3:>11.3f} {s['memcpy'] * 1e3:>9.3f} {r['loop_over_kvswap']:>11.2f} "
-              f"{r['pointers_over_kvswap']:>15.2f} {r['kvswap_over_memcpy']:>13.2f} "
-              f"{r['kvswap_gib_s']:>12.2f}", flush=True)
+        print(
+            f"{kib:>6g}Ki {blocks:>6} {s['kvswap'] * 1e3:>10.3f} {s['loop'] * 1e3:>9.3f} "
+            f"{s['pointers'] * 1e3:>11.3f} {s['memcpy'] * 1e3:>9.3f} {r['loop_over_kvswap']:>11.2f} "
+            f"{r['pointers_over_kvswap']:>15.2f} {r['kvswap_over_memcpy']:>13.2f} "
+            f"{r['kvswap_gib_s']:>12.2f}",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, f,
-                      indent=1)
+            json.dump(
+                {"torch": torch.__version__, "threads": torch.get_num_threads(), "rows": rows}, f, indent=1
+            )
     return 0
 
 

@@ -50,8 +50,9 @@ def map_exact(nbytes: int) -> torch.Tensor:
     host memory: an anonymous private mapping, unmapped when the tensor and
     every view of it are gone."""
     size = max(-(-int(nbytes) // PAGE) * PAGE, PAGE)
-    return torch.frombuffer(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS),
-                            dtype=torch.uint8)
+    return torch.frombuffer(
+        mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), dtype=torch.uint8
+    )
 
 
 def _pieces(start: int, end: int, count: int) -> list[tuple[int, int]]:
@@ -112,15 +113,19 @@ def chunks(nbytes: int, chunk_bytes: int) -> list[tuple[int, int]]:
 
 
 def check_chunk_bytes(chunk_bytes: int) -> int:
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < PAGE \
-            or chunk_bytes % PAGE:
-        raise ValueError(f"register_chunk_bytes must be a positive multiple of {PAGE} (a page), "
-                         f"got {chunk_bytes!r}")
+    if (
+        isinstance(chunk_bytes, bool)
+        or not isinstance(chunk_bytes, int)
+        or chunk_bytes < PAGE
+        or chunk_bytes % PAGE
+    ):
+        raise ValueError(
+            f"register_chunk_bytes must be a positive multiple of {PAGE} (a page), got {chunk_bytes!r}"
+        )
     return chunk_bytes
 
 
-def unregister_chunks(buffer: torch.Tensor, device: torch.device, spans: Iterable[tuple[int, int]]
-                      ) -> None:
+def unregister_chunks(buffer: torch.Tensor, device: torch.device, spans: Iterable[tuple[int, int]]) -> None:
     """Undoes the registration of each span of ``buffer``, last first; where
     the runtime refuses, logs it and keeps ``buffer`` (a view, so its whole
     allocation) for the life of the process."""
@@ -129,8 +134,13 @@ def unregister_chunks(buffer: torch.Tensor, device: torch.device, spans: Iterabl
             register(buffer[a:b], device, False)
         except (NotImplementedError, RuntimeError) as exc:
             STILL_REGISTERED.append(buffer)
-            logger.error("kvswap: unregistering host bytes %d..%d failed (%s); the buffer is kept "
-                         "for the life of the process", a, b, exc)
+            logger.error(
+                "kvswap: unregistering host bytes %d..%d failed (%s); the buffer is kept "
+                "for the life of the process",
+                a,
+                b,
+                exc,
+            )
 
 
 class HostMemory:
@@ -139,10 +149,17 @@ class HostMemory:
     background thread. ``wait()`` blocks until every chunk is registered;
     the times each step took are attributes."""
 
-    def __init__(self, nbytes: int, device: torch.device, pin: bool, *,
-                 numa_node: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 threads: int | None = None,
-                 bind: Callable[[int, int, int], None] = numa.mbind) -> None:
+    def __init__(
+        self,
+        nbytes: int,
+        device: torch.device,
+        pin: bool,
+        *,
+        numa_node: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        threads: int | None = None,
+        bind: Callable[[int, int, int], None] = numa.mbind,
+    ) -> None:
         self.device = device
         self.chunk_bytes = check_chunk_bytes(chunk_bytes)
         #: the NUMA node the memory was bound to before its first touch (None: not bound)
@@ -153,8 +170,9 @@ class HostMemory:
             bind(self.buffer.data_ptr(), self.buffer._base.numel(), numa_node)
         t1 = time.perf_counter()
         #: "madvise" or "touch": how the pages were faulted in
-        self.prefault_method = prefault(self.buffer, threads or min(os.cpu_count() or 1, 16)) \
-            if nbytes else "none"
+        self.prefault_method = (
+            prefault(self.buffer, threads or min(os.cpu_count() or 1, 16)) if nbytes else "none"
+        )
         t2 = time.perf_counter()
         #: seconds to map and bind, and to fault every page in
         self.allocate_seconds, self.prefault_seconds = t1 - t0, t2 - t1
@@ -170,8 +188,9 @@ class HostMemory:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if self.spans:  # a thread holds self until it ends: only one that will end
-            self._thread = threading.Thread(target=self._register_all, name="kvswap-host-register",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._register_all, name="kvswap-host-register", daemon=True
+            )
             self._thread.start()
 
     def _register_all(self) -> None:
@@ -195,12 +214,14 @@ class HostMemory:
             STILL_REGISTERED.append(self.buffer)  # freeing it would hand out registered pages
         unregister_chunks(self.buffer, self.device, self.registered)
         self.registered = []
-        self.error = (f"cannot page-lock the {self.buffer.numel()}-byte host mirrors in place on "
-                      f"{self.device}: chunk {i} of {len(self.spans)} (bytes {a}..{b}) was refused "
-                      f"({exc}); the chunks before it were unregistered. The mirrors are not taken "
-                      "from the pinned allocator, which would round them up to a power of two: "
-                      "use a runtime that page-locks memory in place (CUDA; CANN with "
-                      "aclrtHostRegisterV2)")
+        self.error = (
+            f"cannot page-lock the {self.buffer.numel()}-byte host mirrors in place on "
+            f"{self.device}: chunk {i} of {len(self.spans)} (bytes {a}..{b}) was refused "
+            f"({exc}); the chunks before it were unregistered. The mirrors are not taken "
+            "from the pinned allocator, which would round them up to a power of two: "
+            "use a runtime that page-locks memory in place (CUDA; CANN with "
+            "aclrtHostRegisterV2)"
+        )
         logger.error("kvswap: %s", self.error)
 
     @property

@@ -63,7 +63,7 @@ def _shutdown_live() -> None:
     for offloader in list(_LIVE):
         try:
             offloader.shutdown()
-        except Exception:  # noqa: BLE001 - exit goes on; the others still shut down
+        except Exception:  # exit goes on; the others still shut down
             logger.exception("kvswap: shutting down an offloader at exit failed")
 
 
@@ -153,9 +153,11 @@ class Lanes:
             self._queues = {lane: queue.SimpleQueue() for lane in _LANES}
             owner = weakref.ref(self)  # a thread holding the offloader would keep it forever
             self._workers = {
-                lane: threading.Thread(target=_run_lane, args=(owner, self._queues[lane]),
-                                       name=f"kvswap-{lane}", daemon=True)
-                for lane in _LANES}
+                lane: threading.Thread(
+                    target=_run_lane, args=(owner, self._queues[lane]), name=f"kvswap-{lane}", daemon=True
+                )
+                for lane in _LANES
+            }
             for w in self._workers.values():
                 w.start()
         self._stop = weakref.finalize(self, _stop_lanes, _generation, self._queues, self._streams)
@@ -167,12 +169,20 @@ class Lanes:
             raise RuntimeError(
                 f"this KVCacheOffloader was built in process {self._pid}; process {os.getpid()} is a "
                 "fork of it, without its worker threads and streams, so its jobs would never finish. "
-                "Build a new KVCacheOffloader in the child (or start children with the 'spawn' method)")
+                "Build a new KVCacheOffloader in the child (or start children with the 'spawn' method)"
+            )
 
     # -- submission ------------------------------------------------------------
 
-    def _submit(self, job_id: int, lane: str, src: np.ndarray, dst: np.ndarray,
-                offsets: int | Sequence[int] | None, group_sizes: Sequence[int] | None) -> bool:
+    def _submit(
+        self,
+        job_id: int,
+        lane: str,
+        src: np.ndarray,
+        dst: np.ndarray,
+        offsets: int | Sequence[int] | None,
+        group_sizes: Sequence[int] | None,
+    ) -> bool:
         is_store = lane == "store"
         device, host = (src, dst) if is_store else (dst, src)
         copies, num_bytes = self._planner.plan(is_store, device, host, offsets, group_sizes)
@@ -196,7 +206,7 @@ class Lanes:
             else:
                 try:
                     self._launch_on_stream(job)
-                except BaseException as exc:  # noqa: BLE001 - never leave a job unfinishable
+                except BaseException as exc:  # never leave a job unfinishable
                     self._fail(job, exc)
                     job.done.set()
                     if not isinstance(exc, Exception):
@@ -206,11 +216,13 @@ class Lanes:
         return True
 
     def _copy(self, job: Job) -> None:
-        src, dst = (self.device_tensors, self.host_tensors) if job.is_store else \
-            (self.host_tensors, self.device_tensors)
+        src, dst = (
+            (self.device_tensors, self.host_tensors)
+            if job.is_store
+            else (self.host_tensors, self.device_tensors)
+        )
         for c in job.copies:
-            ops.swap_blocks([src[i] for i in c.tensors], [dst[i] for i in c.tensors],
-                            c.src_ids, c.dst_ids)
+            ops.swap_blocks([src[i] for i in c.tensors], [dst[i] for i in c.tensors], c.src_ids, c.dst_ids)
 
     def _launch_on_stream(self, job: Job) -> None:
         stream = self._streams[job.lane]

@@ -81,16 +81,25 @@ def mbind(address: int, length: int, node: int) -> None:
     mask[node // bits] = 1 << (node % bits)
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    rc = libc.syscall(ctypes.c_long(number), ctypes.c_void_p(address), ctypes.c_ulong(length),
-                      ctypes.c_int(MPOL_PREFERRED), mask, ctypes.c_ulong(_MAX_NODES + 1),
-                      ctypes.c_uint(0))
+    rc = libc.syscall(
+        ctypes.c_long(number),
+        ctypes.c_void_p(address),
+        ctypes.c_ulong(length),
+        ctypes.c_int(MPOL_PREFERRED),
+        mask,
+        ctypes.c_ulong(_MAX_NODES + 1),
+        ctypes.c_uint(0),
+    )
     if rc != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mbind of {length} bytes to NUMA node {node} failed: {os.strerror(err)}")
 
 
-def choose_node(device: torch.device, numa_node: int | bool | None,
-                bus_id: Callable[[torch.device], str | None] = pci_bus_id) -> int | None:
+def choose_node(
+    device: torch.device,
+    numa_node: int | bool | None,
+    bus_id: Callable[[torch.device], str | None] = pci_bus_id,
+) -> int | None:
     """The node to bind ``device``'s mirrors to: ``numa_node`` when it is an
     int (the override), none when it is ``False``; by default (``None``) the
     device's own node, where sysfs lists more than one node with memory."""
@@ -98,8 +107,10 @@ def choose_node(device: torch.device, numa_node: int | bool | None,
         return None
     if numa_node is not None:
         if isinstance(numa_node, bool) or not isinstance(numa_node, int) or numa_node < 0:
-            raise ValueError(f"numa_node must be a node number >= 0, False (no binding) or None "
-                             f"(the device's node), got {numa_node!r}")
+            raise ValueError(
+                f"numa_node must be a node number >= 0, False (no binding) or None "
+                f"(the device's node), got {numa_node!r}"
+            )
         return numa_node
     if device.type == "cpu" or node_count() < 2:
         return None  # one node: nothing to choose

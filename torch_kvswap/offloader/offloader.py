@@ -49,8 +49,13 @@ import numpy as np
 import torch
 
 from .. import _checked
-from .caches import allocate_mirrors, check_groups, check_groups_do_not_alias, flatten_caches, \
-    unregister_mirrors
+from .caches import (
+    allocate_mirrors,
+    check_groups,
+    check_groups_do_not_alias,
+    flatten_caches,
+    unregister_mirrors,
+)
 from .host_memory import DEFAULT_CHUNK_BYTES, HostMemory
 from .lanes import Job, Lanes
 from .planning import Planner, as_ids, as_job_id
@@ -108,25 +113,39 @@ class KVCacheOffloader(Lanes):
     power-of-two rounding would waste up to half).
     """
 
-    def __init__(self, device_caches: Mapping[str, Any] | Sequence[Any], device_block_size: int,
-                 host_block_size: int, num_host_blocks: int | None = None, *,
-                 kv_stacked: bool | None = None, pin_memory: bool | None = None,
-                 groups: Sequence[Sequence[int]] | None = None,
-                 host_bytes: int | None = None, check: bool | None = None,
-                 strict: bool = False, numa_node: int | bool | None = None,
-                 register_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        device_caches: Mapping[str, Any] | Sequence[Any],
+        device_block_size: int,
+        host_block_size: int,
+        num_host_blocks: int | None = None,
+        *,
+        kv_stacked: bool | None = None,
+        pin_memory: bool | None = None,
+        groups: Sequence[Sequence[int]] | None = None,
+        host_bytes: int | None = None,
+        check: bool | None = None,
+        strict: bool = False,
+        numa_node: int | bool | None = None,
+        register_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
         if device_block_size < 1 or host_block_size < 1 or host_block_size % device_block_size:
-            raise ValueError(f"host_block_size ({host_block_size}) must be a positive multiple of "
-                             f"device_block_size ({device_block_size})")
+            raise ValueError(
+                f"host_block_size ({host_block_size}) must be a positive multiple of "
+                f"device_block_size ({device_block_size})"
+            )
         self.factor = host_block_size // device_block_size
         self._take_caches(device_caches, kv_stacked, groups)
         self.num_host_blocks = self._count_host_blocks(num_host_blocks, host_bytes)
-        self._planner = Planner(self.factor, self.groups, self.num_device_blocks,
-                                self.num_host_blocks, self.group_block_bytes)
+        self._planner = Planner(
+            self.factor, self.groups, self.num_device_blocks, self.num_host_blocks, self.group_block_bytes
+        )
         on_accelerator = self.device.type != "cpu"
         if pin_memory and not on_accelerator:
-            raise ValueError("pin_memory=True needs caches on an accelerator; these are on cpu, "
-                             "where the host engine copies pageable memory directly")
+            raise ValueError(
+                "pin_memory=True needs caches on an accelerator; these are on cpu, "
+                "where the host engine copies pageable memory directly"
+            )
         #: whether the host mirrors are page-locked (in place, in the background)
         self.pinned = False
         #: the mirrors' memory: its NUMA node, and how long allocating,
@@ -135,19 +154,28 @@ class KVCacheOffloader(Lanes):
         self._registered = False  # pinned in place in one call by a subclass's _allocate_mirrors
         self._numa_node, self._register_chunk_bytes = numa_node, register_chunk_bytes
         self._allocation, self._buffer, self.host_tensors = self._allocate_mirrors(
-            on_accelerator if pin_memory is None else pin_memory)
+            on_accelerator if pin_memory is None else pin_memory
+        )
         self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
         #: whether loads of never-stored host sub-blocks and waits on unknown ids are refused
         self.strict = bool(strict)
         # strict: which host sub-block rows of which tensor a store has been submitted for
-        self._stored = np.zeros((len(self.device_tensors), self.num_host_blocks * self.factor),
-                                dtype=bool) if self.strict else None
-        self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(self.device.type,
-                                                               self.device.type.upper() + "_DEVICE")
+        self._stored = (
+            np.zeros((len(self.device_tensors), self.num_host_blocks * self.factor), dtype=bool)
+            if self.strict
+            else None
+        )
+        self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(
+            self.device.type, self.device.type.upper() + "_DEVICE"
+        )
         self._start_lanes(on_accelerator)
 
-    def _take_caches(self, device_caches: Mapping[str, Any] | Sequence[Any],
-                     kv_stacked: bool | None, groups: Sequence[Sequence[int]] | None) -> None:
+    def _take_caches(
+        self,
+        device_caches: Mapping[str, Any] | Sequence[Any],
+        kv_stacked: bool | None,
+        groups: Sequence[Sequence[int]] | None,
+    ) -> None:
         """The flattened cache tensors, their groups and their block sizes."""
         self.device_tensors, self.cache_names = flatten_caches(device_caches, kv_stacked)
         self.groups = check_groups(groups, len(self.device_tensors))
@@ -166,8 +194,10 @@ class KVCacheOffloader(Lanes):
         if host_bytes is not None:
             num_host_blocks = int(host_bytes) // (self.factor * self.bytes_per_device_block)
             if num_host_blocks < 1:
-                raise ValueError(f"host_bytes ({host_bytes}) is less than one host block "
-                                 f"({self.factor * self.bytes_per_device_block} bytes)")
+                raise ValueError(
+                    f"host_bytes ({host_bytes}) is less than one host block "
+                    f"({self.factor * self.bytes_per_device_block} bytes)"
+                )
         if num_host_blocks < 1:
             raise ValueError(f"num_host_blocks must be >= 1, got {num_host_blocks}")
         return int(num_host_blocks)
@@ -178,8 +208,14 @@ class KVCacheOffloader(Lanes):
         """``(allocation, buffer, mirrors)``; sets ``pinned`` and ``host_memory``
         (subclasses that carve the mirrors from other memory override this)."""
         self.host_memory, mirrors = allocate_mirrors(
-            self.device_tensors, self._block_bytes, self.num_host_blocks * self.factor,
-            self.device, pin, numa_node=self._numa_node, chunk_bytes=self._register_chunk_bytes)
+            self.device_tensors,
+            self._block_bytes,
+            self.num_host_blocks * self.factor,
+            self.device,
+            pin,
+            numa_node=self._numa_node,
+            chunk_bytes=self._register_chunk_bytes,
+        )
         self.pinned = bool(pin)
         return self.host_memory.buffer._base, self.host_memory.buffer, mirrors
 
@@ -189,8 +225,15 @@ class KVCacheOffloader(Lanes):
         if self.host_memory is not None and not self.host_memory.settled:
             self.host_memory.wait()
 
-    def _submit(self, job_id: int, lane: str, src: np.ndarray, dst: np.ndarray,
-                offsets: int | Sequence[int] | None, group_sizes: Sequence[int] | None) -> bool:
+    def _submit(
+        self,
+        job_id: int,
+        lane: str,
+        src: np.ndarray,
+        dst: np.ndarray,
+        offsets: int | Sequence[int] | None,
+        group_sizes: Sequence[int] | None,
+    ) -> bool:
         self._wait_for_mirrors()
         return super()._submit(job_id, lane, src, dst, offsets, group_sizes)
 
@@ -222,9 +265,15 @@ class KVCacheOffloader(Lanes):
 
     # -- submission ------------------------------------------------------------
 
-    def store(self, job_id: int, device_block_ids: BlockIds, host_block_ids: BlockIds, *,
-              offsets: int | Sequence[int] | None = None,
-              group_sizes: Sequence[int] | None = None) -> bool:
+    def store(
+        self,
+        job_id: int,
+        device_block_ids: BlockIds,
+        host_block_ids: BlockIds,
+        *,
+        offsets: int | Sequence[int] | None = None,
+        group_sizes: Sequence[int] | None = None,
+    ) -> bool:
         """Device -> host: copy device blocks into consecutive host sub-blocks.
 
         Args:
@@ -245,20 +294,38 @@ class KVCacheOffloader(Lanes):
         Returns ``True`` once the job is queued; raises before any copy on bad
         input. The copy is ordered after the work queued on the current stream.
         """
-        return self._submit(as_job_id(job_id), "store", as_ids(device_block_ids, "device_block_ids"),
-                            as_ids(host_block_ids, "host_block_ids"), offsets, group_sizes)
+        return self._submit(
+            as_job_id(job_id),
+            "store",
+            as_ids(device_block_ids, "device_block_ids"),
+            as_ids(host_block_ids, "host_block_ids"),
+            offsets,
+            group_sizes,
+        )
 
-    def load(self, job_id: int, host_block_ids: BlockIds, device_block_ids: BlockIds, *,
-             offsets: int | Sequence[int] | None = None,
-             group_sizes: Sequence[int] | None = None, expedited: bool = False) -> bool:
+    def load(
+        self,
+        job_id: int,
+        host_block_ids: BlockIds,
+        device_block_ids: BlockIds,
+        *,
+        offsets: int | Sequence[int] | None = None,
+        group_sizes: Sequence[int] | None = None,
+        expedited: bool = False,
+    ) -> bool:
         """Host -> device: the reverse of :meth:`store`, with the same
         ``offsets`` and ``group_sizes`` rules. With ``offsets=None`` a load
         moves whole host blocks (``len(device_block_ids) == factor * len(host_block_ids)``).
         ``expedited=True`` runs it on its own lane, so it never queues behind
         ordinary loads (for loads the caller waits on right away)."""
-        return self._submit(as_job_id(job_id), "expedited" if expedited else "load",
-                            as_ids(host_block_ids, "host_block_ids"),
-                            as_ids(device_block_ids, "device_block_ids"), offsets, group_sizes)
+        return self._submit(
+            as_job_id(job_id),
+            "expedited" if expedited else "load",
+            as_ids(host_block_ids, "host_block_ids"),
+            as_ids(device_block_ids, "device_block_ids"),
+            offsets,
+            group_sizes,
+        )
 
     def transfer_async(self, job_id: int, spec: tuple[Any, Any], *, expedited: bool = False) -> bool:
         """Reference-compatible entry: ``spec = (src_spec, dst_spec)``, each with
@@ -270,8 +337,10 @@ class KVCacheOffloader(Lanes):
         src_spec, dst_spec = spec
         src_host, dst_host = is_host_spec(src_spec), is_host_spec(dst_spec)
         if src_host == dst_host:
-            raise ValueError("spec must pair one host (CPU) side with one device side, got "
-                             f"{type(src_spec).__name__} -> {type(dst_spec).__name__}")
+            raise ValueError(
+                "spec must pair one host (CPU) side with one device side, got "
+                f"{type(src_spec).__name__} -> {type(dst_spec).__name__}"
+            )
         device_spec = dst_spec if src_host else src_spec
         group_sizes = getattr(device_spec, "group_sizes", None)
         offsets = getattr(device_spec, "offsets", None)
@@ -279,10 +348,17 @@ class KVCacheOffloader(Lanes):
         if offsets is None and block_indices is not None:
             offsets = [int(b) % self.factor for b in block_indices]
         if dst_host:
-            return self.store(job_id, src_spec.block_ids, dst_spec.block_ids, offsets=offsets,
-                              group_sizes=group_sizes)
-        return self.load(job_id, src_spec.block_ids, dst_spec.block_ids, offsets=offsets,
-                         group_sizes=group_sizes, expedited=expedited)
+            return self.store(
+                job_id, src_spec.block_ids, dst_spec.block_ids, offsets=offsets, group_sizes=group_sizes
+            )
+        return self.load(
+            job_id,
+            src_spec.block_ids,
+            dst_spec.block_ids,
+            offsets=offsets,
+            group_sizes=group_sizes,
+            expedited=expedited,
+        )
 
     def _track_stored(self, job: Job) -> None:
         """strict: a store marks the host rows it writes (a failed one unmarks
@@ -301,7 +377,8 @@ class KVCacheOffloader(Lanes):
                     f"load (job {job.job_id}) reads host block {row // self.factor} (sub-block "
                     f"{row % self.factor}) of cache {self.cache_names[c.tensors[t]]}, which no store "
                     "has written; strict=True refuses loads of never-stored host blocks (nothing "
-                    "was copied)")
+                    "was copied)"
+                )
 
     def __enter__(self) -> KVCacheOffloader:
         return self

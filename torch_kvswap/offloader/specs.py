@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
 
-BlockIds = Union[Sequence[int], np.ndarray, torch.Tensor]
+BlockIds = Sequence[int] | np.ndarray | torch.Tensor
 
 
 @dataclass(frozen=True)

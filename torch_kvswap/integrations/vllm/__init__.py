@@ -31,9 +31,22 @@ from __future__ import annotations
 from .compat import SUPPORTED_RANGE, SUPPORTED_VLLM, UnsupportedVLLM, check_vllm
 from .copy_backend import CopyFailed, HostEvent, KVSwapCopyBackend
 
-__all__ = ["KVSwapOffloadingSpec", "KVSwapTieringOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapOffloadingHandler",
-           "KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker", "KVSwapCopyBackend", "HostEvent", "CopyFailed",
-           "TransferFailed", "SUPPORTED_RANGE", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm"]
+__all__ = [
+    "KVSwapOffloadingSpec",
+    "KVSwapTieringOffloadingSpec",
+    "KVSwapOffloadingWorker",
+    "KVSwapOffloadingHandler",
+    "KVSwapSimpleCPUOffloadConnector",
+    "KVSwapSimpleCPUOffloadWorker",
+    "KVSwapCopyBackend",
+    "HostEvent",
+    "CopyFailed",
+    "TransferFailed",
+    "SUPPORTED_RANGE",
+    "SUPPORTED_VLLM",
+    "UnsupportedVLLM",
+    "check_vllm",
+]
 
 _OFFLOADING = ("KVSwapOffloadingSpec", "KVSwapOffloadingWorker", "KVSwapTieringOffloadingSpec")
 _SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")
@@ -42,17 +55,21 @@ _SIMPLE = ("KVSwapSimpleCPUOffloadConnector", "KVSwapSimpleCPUOffloadWorker")
 def __getattr__(name: str) -> object:
     if name in _OFFLOADING:
         from . import offloading
+
         found = offloading.build()[name]
         if isinstance(found, ImportError):  # the tiering spec, refused on this vLLM
             raise type(found)(str(found)) from found
         return found
     if name in _SIMPLE:
         from . import simple_offload
+
         return simple_offload.build()[name]
     if name == "KVSwapOffloadingHandler":
         from . import offloading_handler
+
         return offloading_handler.build()[name]
     if name == "TransferFailed":
         from .offloading import TransferFailed
+
         return TransferFailed
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

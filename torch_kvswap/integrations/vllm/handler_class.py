@@ -1,4 +1,5 @@
-"""``KVSwapOffloadingHandler``: vLLM 0.23's ``OffloadingHandler`` over a :class:`~torch_kvswap.KVCacheOffloader`.
+"""``KVSwapOffloadingHandler``: vLLM 0.23's ``OffloadingHandler`` over a
+:class:`~torch_kvswap.KVCacheOffloader`.
 
 It subclasses vLLM's ``OffloadingHandler``, so importing this module imports
 vLLM, after :func:`~.compat.check_handler_vllm` has accepted its release's
@@ -64,20 +65,38 @@ class KVSwapOffloadingHandler(_worker.OffloadingHandler):
     reported with ``success=False`` (and logged with its cause).
     """
 
-    def __init__(self, gpu_block_size: int, cpu_block_size: int, num_cpu_blocks: int,
-                 gpu_caches: Mapping[str, Any], attn_backends: Mapping[str, Any] | None = None,
-                 *, groups: Sequence[Sequence[int]] | None = None, strict: bool = False) -> None:
+    def __init__(
+        self,
+        gpu_block_size: int,
+        cpu_block_size: int,
+        num_cpu_blocks: int,
+        gpu_caches: Mapping[str, Any],
+        attn_backends: Mapping[str, Any] | None = None,
+        *,
+        groups: Sequence[Sequence[int]] | None = None,
+        strict: bool = False,
+    ) -> None:
         if not isinstance(gpu_caches, Mapping):
-            raise TypeError("gpu_caches must be a mapping of layer name to its (key, value) "
-                            f"caches, got {type(gpu_caches).__name__}")
+            raise TypeError(
+                "gpu_caches must be a mapping of layer name to its (key, value) "
+                f"caches, got {type(gpu_caches).__name__}"
+            )
         for name, kv in gpu_caches.items():
             if isinstance(kv, torch.Tensor) and (kv.dim() < 2 or kv.shape[0] != 2):
-                raise ValueError(f"gpu_caches[{name!r}] must be a (key, value) pair or a tensor "
-                                 f"whose dim 0 (of size 2) picks key and value, got shape "
-                                 f"{tuple(kv.shape)}")
-        self.offloader = KVCacheOffloader(gpu_caches, gpu_block_size, cpu_block_size,
-                                          num_cpu_blocks, kv_stacked=True, groups=groups,
-                                          strict=strict)
+                raise ValueError(
+                    f"gpu_caches[{name!r}] must be a (key, value) pair or a tensor "
+                    f"whose dim 0 (of size 2) picks key and value, got shape "
+                    f"{tuple(kv.shape)}"
+                )
+        self.offloader = KVCacheOffloader(
+            gpu_caches,
+            gpu_block_size,
+            cpu_block_size,
+            num_cpu_blocks,
+            kv_stacked=True,
+            groups=groups,
+            strict=strict,
+        )
         #: device blocks per host block
         self.block_size_factor = self.offloader.factor
         self._media: dict[int, tuple[str, str]] = {}
@@ -97,11 +116,12 @@ class KVSwapOffloadingHandler(_worker.OffloadingHandler):
         elif media == LOAD:
             host, device = src, dst
         else:
-            raise ValueError(f"spec media must be {STORE} (a store) or {LOAD} (a load), "
-                             f"got {media}")
+            raise ValueError(f"spec media must be {STORE} (a store) or {LOAD} (a load), got {media}")
         if not isinstance(device, GPULoadStoreSpec) or not isinstance(host, CPULoadStoreSpec):
-            raise TypeError("spec must pair vLLM's GPULoadStoreSpec with its CPULoadStoreSpec, "
-                            f"got {type(src).__name__} -> {type(dst).__name__}")
+            raise TypeError(
+                "spec must pair vLLM's GPULoadStoreSpec with its CPULoadStoreSpec, "
+                f"got {type(src).__name__} -> {type(dst).__name__}"
+            )
         offsets = [int(b) % self.block_size_factor for b in device.block_indices]
         job_id = _as_job_id(job_id)
         if job_id in self._media:
@@ -110,11 +130,13 @@ class KVSwapOffloadingHandler(_worker.OffloadingHandler):
         self._media[job_id] = media
         try:
             if media == STORE:
-                self.offloader.store(job_id, device.block_ids, host.block_ids, offsets=offsets,
-                                     group_sizes=device.group_sizes)
+                self.offloader.store(
+                    job_id, device.block_ids, host.block_ids, offsets=offsets, group_sizes=device.group_sizes
+                )
             else:
-                self.offloader.load(job_id, host.block_ids, device.block_ids, offsets=offsets,
-                                    group_sizes=device.group_sizes)
+                self.offloader.load(
+                    job_id, host.block_ids, device.block_ids, offsets=offsets, group_sizes=device.group_sizes
+                )
         except BaseException:
             del self._media[job_id]
             raise
@@ -128,10 +150,15 @@ class KVSwapOffloadingHandler(_worker.OffloadingHandler):
             media = self._media.pop(r.job_id)
             if not r.success:
                 logger.error("kvswap: %s job %d failed: %s", "->".join(media), r.job_id, r.error)
-            results.append(_worker.TransferResult(job_id=r.job_id, success=r.success,
-                                                 transfer_size=r.transfer_size,
-                                                 transfer_time=r.transfer_time,
-                                                 transfer_type=media))
+            results.append(
+                _worker.TransferResult(
+                    job_id=r.job_id,
+                    success=r.success,
+                    transfer_size=r.transfer_size,
+                    transfer_time=r.transfer_time,
+                    transfer_type=media,
+                )
+            )
         return results
 
     def wait(self, job_ids: set[int]) -> None:

@@ -20,7 +20,6 @@ from .compat import REGION_BASE_ATTRIBUTES, REGION_VIEW_METHODS
 __all__ = ["SharedRegionOffloader", "ChunkMajorOffloader", "region_base", "region_view"]
 
 
-
 def region_view(region: Any, page: int) -> torch.Tensor:
     """The next ``page`` bytes of this rank's slot in every chunk row of
     vLLM's ``region``, under its release's method name."""
@@ -37,8 +36,10 @@ def region_base(region: Any) -> torch.Tensor:
         base = getattr(region, name, None)
         if isinstance(base, torch.Tensor):
             return base
-    raise TypeError(f"vLLM's {type(region).__name__} has none of {list(REGION_BASE_ATTRIBUTES)} "
-                    "as a tensor (a region already cleaned up has none)")
+    raise TypeError(
+        f"vLLM's {type(region).__name__} has none of {list(REGION_BASE_ATTRIBUTES)} "
+        "as a tensor (a region already cleaned up has none)"
+    )
 
 
 class SharedRegionOffloader(KVCacheOffloader):
@@ -60,18 +61,19 @@ class SharedRegionOffloader(KVCacheOffloader):
         region = self._host_buffer.view(torch.uint8).reshape(-1)
         self._host_buffer = None  # vLLM's region closes its mapping once no view is left
         if region.numel() < need:
-            raise ValueError(f"the shared host region has {region.numel()} bytes; "
-                             f"{self.num_host_blocks} chunks of this worker need {need}")
+            raise ValueError(
+                f"the shared host region has {region.numel()} bytes; "
+                f"{self.num_host_blocks} chunks of this worker need {need}"
+            )
         if pin:
             torch.ops.kvswap._host_register(region, self.device, True)
             self._registered = True
             self.pinned = True
         mirrors, off = [], 0
         for t, bb in zip(self.device_tensors, self._block_bytes):
-            mirrors.append(region[off:off + rows * bb].view(t.dtype).view(rows, *t.shape[1:]))
+            mirrors.append(region[off : off + rows * bb].view(t.dtype).view(rows, *t.shape[1:]))
             off += rows * bb
         return region, region, mirrors
-
 
 
 class ChunkMajorOffloader(KVCacheOffloader):
@@ -86,26 +88,31 @@ class ChunkMajorOffloader(KVCacheOffloader):
     the bytes vLLM's secondary tiers read and write. One device block
     per chunk only (``factor`` 1): a mirror row is then a chunk row."""
 
-    def __init__(self, *args: Any, region: Any, pages: list[int], slot_bytes: int,
-                 **kw: Any) -> None:
+    def __init__(self, *args: Any, region: Any, pages: list[int], slot_bytes: int, **kw: Any) -> None:
         self._region, self._pages, self._slot_bytes = region, pages, slot_bytes
         super().__init__(*args, **kw)
 
     def _allocate_mirrors(self, pin: bool):
         region, self._region = self._region, None  # the region's views are held by its owner
         if self.factor != 1:
-            raise ValueError(f"the chunk-major host layout holds one device block per chunk, "
-                             f"got {self.factor} blocks per chunk")
+            raise ValueError(
+                f"the chunk-major host layout holds one device block per chunk, "
+                f"got {self.factor} blocks per chunk"
+            )
         if sum(self._pages) > self._slot_bytes:
-            raise ValueError(f"this rank's slot of the shared host region has {self._slot_bytes} "
-                             f"bytes per chunk; the cache tensors' pages need {sum(self._pages)}")
+            raise ValueError(
+                f"this rank's slot of the shared host region has {self._slot_bytes} "
+                f"bytes per chunk; the cache tensors' pages need {sum(self._pages)}"
+            )
         mirrors = []
         for t, page in zip(self.device_tensors, self._pages):
             view = region_view(region, page)
             if view.shape[0] < self.num_host_blocks or page < t.shape[1]:
-                raise ValueError(f"the shared host region's view is {tuple(view.shape)}; "
-                                 f"{self.num_host_blocks} chunks of {t.shape[1]} bytes are needed")
-            mirrors.append(view[:self.num_host_blocks, :t.shape[1]].view(t.dtype))
+                raise ValueError(
+                    f"the shared host region's view is {tuple(view.shape)}; "
+                    f"{self.num_host_blocks} chunks of {t.shape[1]} bytes are needed"
+                )
+            mirrors.append(view[: self.num_host_blocks, : t.shape[1]].view(t.dtype))
         base = region_base(region).view(torch.uint8)
         if pin:
             torch.ops.kvswap._host_register(base, self.device, True)

@@ -1,4 +1,5 @@
-"""vLLM's ``OffloadingConnector`` path: an ``OffloadingSpec`` whose worker is a :class:`~torch_kvswap.KVCacheOffloader`.
+"""vLLM's ``OffloadingConnector`` path: an ``OffloadingSpec`` whose worker is a
+:class:`~torch_kvswap.KVCacheOffloader`.
 
 Select it in ``vllm serve`` with::
 
@@ -45,12 +46,26 @@ __all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG", "SUPPORTED_TIERI
 #: ``kv_connector_extra_config`` keys the spec accepts: vLLM's
 #: ``OffloadingConnector`` and CPU offloading keys that leave the worker's
 #: host layout alone. Any other key is refused when the spec is built.
-SUPPORTED_EXTRA_CONFIG = frozenset({
-    "spec_name", "spec_module_path", "cpu_bytes_to_use", "block_size", "blocks_per_chunk",
-    "eviction_policy", "cache_policy_module_path", "store_threshold", "max_tracker_size",
-    "offload_prompt_only", "backpressure", "enable_telemetry", "self_describing_kv_events",
-    "sync_load_budget_bytes", "tier_poll_interval_s", CHECK_KEY,
-})
+SUPPORTED_EXTRA_CONFIG = frozenset(
+    {
+        "spec_name",
+        "spec_module_path",
+        "cpu_bytes_to_use",
+        "block_size",
+        "blocks_per_chunk",
+        "eviction_policy",
+        "cache_policy_module_path",
+        "store_threshold",
+        "max_tracker_size",
+        "offload_prompt_only",
+        "backpressure",
+        "enable_telemetry",
+        "self_describing_kv_events",
+        "sync_load_budget_bytes",
+        "tier_poll_interval_s",
+        CHECK_KEY,
+    }
+)
 
 #: ``kv_connector_extra_config`` keys ``KVSwapTieringOffloadingSpec`` accepts:
 #: those of :data:`SUPPORTED_EXTRA_CONFIG` and vLLM's ``secondary_tiers``,
@@ -80,9 +95,12 @@ def _tiering_region(spec: Any) -> Any:
         import vllm
 
         from .compat import UnsupportedVLLM
-        raise UnsupportedVLLM(f"KVSwapTieringOffloadingSpec needs the worker's rank in vLLM's "
-                              f"OffloadingConfig (config.parallel.rank, vLLM 0.26 on); "
-                              f"vLLM {vllm.__version__} here has no config.parallel")
+
+        raise UnsupportedVLLM(
+            f"KVSwapTieringOffloadingSpec needs the worker's rank in vLLM's "
+            f"OffloadingConfig (config.parallel.rank, vLLM 0.26 on); "
+            f"vLLM {vllm.__version__} here has no config.parallel"
+        )
     rank = 0 if getattr(spec, "replicated_layout", False) else int(parallel.rank)
     region_cls, _, kw = _region_arguments(spec, rank)
     return region_cls(**kw)
@@ -92,12 +110,15 @@ def _refuse_unknown(name: str, config: Any, extra: dict, supported: frozenset) -
     """Refuses ``canonical_layout`` (on the config or in the extra keys) and
     every extra key outside ``supported``, naming them."""
     if getattr(config, "canonical_layout", False) or extra.get("canonical_layout"):
-        raise ValueError(f"{name} does not support canonical_layout; "
-                         "remove it from kv_connector_extra_config")
+        raise ValueError(
+            f"{name} does not support canonical_layout; remove it from kv_connector_extra_config"
+        )
     unknown = sorted(set(extra) - supported - {"canonical_layout"})
     if unknown:
-        raise ValueError(f"{name} does not support kv_connector_extra_config "
-                         f"keys {unknown}; supported: {sorted(supported)}")
+        raise ValueError(
+            f"{name} does not support kv_connector_extra_config "
+            f"keys {unknown}; supported: {sorted(supported)}"
+        )
 
 
 def _host_chunks(spec: Any) -> int:
@@ -108,8 +129,10 @@ def _host_chunks(spec: Any) -> int:
     for name, _ in names:
         if isinstance(getattr(spec, name, None), int):
             return getattr(spec, name)
-    raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither "
-                    + " nor ".join(f"{name} (vLLM {releases})" for name, releases in names))
+    raise TypeError(
+        f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither "
+        + " nor ".join(f"{name} (vLLM {releases})" for name, releases in names)
+    )
 
 
 def _blocks_per_chunk(spec: Any) -> int:
@@ -118,8 +141,10 @@ def _blocks_per_chunk(spec: Any) -> int:
     for name in ("blocks_per_chunk", "block_size_factor"):
         if isinstance(getattr(spec, name, None), int):
             return getattr(spec, name)
-    raise TypeError(f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither blocks_per_chunk "
-                    "(vLLM 0.26+) nor block_size_factor (vLLM 0.25)")
+    raise TypeError(
+        f"{type(spec).__name__}: vLLM's CPUOffloadingSpec set neither blocks_per_chunk "
+        "(vLLM 0.26+) nor block_size_factor (vLLM 0.25)"
+    )
 
 
 def extra_config_of(config: Any) -> dict:
@@ -136,6 +161,7 @@ def _capacity_source() -> str:
     writes ``cpu_bytes_to_use`` itself), else ``kv_connector_extra_config``."""
     try:
         from vllm.config import get_current_vllm_config
+
         size = get_current_vllm_config().cache_config.kv_offloading_size
     except Exception:  # noqa: BLE001 (no vLLM config here: the extra config sized it)
         size = None
@@ -173,9 +199,17 @@ def _region_arguments(spec: Any, rank: int) -> tuple[type, Any, dict[str, Any]]:
     accepted = inspect.signature(SharedOffloadRegion.__init__).parameters
     count = "num_chunks" if "num_chunks" in accepted else "num_blocks"
     row = "kv_bytes_per_chunk" if "kv_bytes_per_chunk" in accepted else "kv_bytes_per_block"
-    return SharedOffloadRegion, accepted, {
-        "engine_id": spec.config.engine_id, count: _host_chunks(spec), "rank": rank,
-        row: spec.kv_bytes_per_chunk, "cpu_page_size": spec.cpu_page_size_per_worker}
+    return (
+        SharedOffloadRegion,
+        accepted,
+        {
+            "engine_id": spec.config.engine_id,
+            count: _host_chunks(spec),
+            "rank": rank,
+            row: spec.kv_bytes_per_chunk,
+            "cpu_page_size": spec.cpu_page_size_per_worker,
+        },
+    )
 
 
 def _cache_views(kv_caches: Any) -> tuple[list[torch.Tensor], list[list[int]]]:
@@ -200,9 +234,10 @@ def _cache_views(kv_caches: Any) -> tuple[list[torch.Tensor], list[list[int]]]:
             t = t.view(torch.int8)
         t = t.view(t.shape[0], -1) if t.dim() != 2 else t  # a view: never a copy
         if t.shape[1] < page:
-            raise ValueError(f"kv_caches.tensors[{i}] has {t.shape[1]} bytes per block, "
-                             f"its page_size_bytes is {page}")
-        tensors.append(t[:, :widths[i] or page])
+            raise ValueError(
+                f"kv_caches.tensors[{i}] has {t.shape[1]} bytes per block, its page_size_bytes is {page}"
+            )
+        tensors.append(t[:, : widths[i] or page])
     return tensors, groups
 
 
@@ -213,8 +248,10 @@ def build() -> dict[str, type]:
     (:func:`~.compat.check_tiering_vllm`), its entry is that ``ImportError``,
     raised when the class is looked up."""
     spec = importlib.import_module(f"{__package__}.offloading_spec")
-    classes = {"KVSwapOffloadingWorker": spec.KVSwapOffloadingWorker,
-               "KVSwapOffloadingSpec": spec.KVSwapOffloadingSpec}
+    classes = {
+        "KVSwapOffloadingWorker": spec.KVSwapOffloadingWorker,
+        "KVSwapOffloadingSpec": spec.KVSwapOffloadingSpec,
+    }
     try:
         tiering = importlib.import_module(f"{__package__}.tiering_spec")
     except ImportError as exc:  # refused at lookup, with its cause

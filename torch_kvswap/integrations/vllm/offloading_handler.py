@@ -45,6 +45,7 @@ def build() -> dict[str, type]:
 def _medium(spec: Any, name: str) -> str:
     medium = getattr(spec, "medium", None)
     if not callable(medium):
-        raise TypeError(f"spec's {name} must be a vLLM LoadStoreSpec (with medium()), "
-                        f"got {type(spec).__name__}")
+        raise TypeError(
+            f"spec's {name} must be a vLLM LoadStoreSpec (with medium()), got {type(spec).__name__}"
+        )
     return str(medium())

@@ -16,8 +16,18 @@ from typing import Any
 
 from .compat import apply_check_option, check_vllm
 from .host_layouts import ChunkMajorOffloader, SharedRegionOffloader, region_base
-from .offloading import (SUPPORTED_EXTRA_CONFIG, TransferFailed, _blocks_per_chunk, _cache_views, _capacity_source,
-                         _host_chunks, _ids, _refuse_unknown, _shared_region, extra_config_of)
+from .offloading import (
+    SUPPORTED_EXTRA_CONFIG,
+    TransferFailed,
+    _blocks_per_chunk,
+    _cache_views,
+    _capacity_source,
+    _host_chunks,
+    _ids,
+    _refuse_unknown,
+    _shared_region,
+    extra_config_of,
+)
 
 _offload_base = check_vllm("offloading")  # vllm.v1.kv_offload.base
 
@@ -63,35 +73,61 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
     here).
     """
 
-    def __init__(self, kv_caches: Any, blocks_per_chunk: int, num_chunks: int,
-                 shared_region: Any = None,
-                 capacity_source: str = "cpu_bytes_to_use in kv_connector_extra_config",
-                 *, tiering_region: Any = None, slot_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        kv_caches: Any,
+        blocks_per_chunk: int,
+        num_chunks: int,
+        shared_region: Any = None,
+        capacity_source: str = "cpu_bytes_to_use in kv_connector_extra_config",
+        *,
+        tiering_region: Any = None,
+        slot_bytes: int = 0,
+    ) -> None:
         tensors, groups = _cache_views(kv_caches)
         if num_chunks < 1:
-            raise ValueError(f"{capacity_source} holds no chunk of this model's KV cache "
-                             f"({blocks_per_chunk} blocks of every cache tensor): raise it")
+            raise ValueError(
+                f"{capacity_source} holds no chunk of this model's KV cache "
+                f"({blocks_per_chunk} blocks of every cache tensor): raise it"
+            )
         if tiering_region is not None:
             if shared_region is not None:
                 raise ValueError("give shared_region or tiering_region, not both")
             pages = [int(ck.page_size_bytes) * blocks_per_chunk for ck in kv_caches.tensors]
             self.offloader = ChunkMajorOffloader(
-                tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
-                check=False, region=tiering_region, pages=pages, slot_bytes=slot_bytes)
+                tensors,
+                1,
+                blocks_per_chunk,
+                num_chunks,
+                kv_stacked=False,
+                groups=groups,
+                check=False,
+                region=tiering_region,
+                pages=pages,
+                slot_bytes=slot_bytes,
+            )
             shared_region = tiering_region
         elif shared_region is None:
-            self.offloader = KVCacheOffloader(tensors, 1, blocks_per_chunk, num_chunks,
-                                              kv_stacked=False, groups=groups)
+            self.offloader = KVCacheOffloader(
+                tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups
+            )
         else:
             self.offloader = SharedRegionOffloader(
-                tensors, 1, blocks_per_chunk, num_chunks, kv_stacked=False, groups=groups,
-                host_buffer=region_base(shared_region))
+                tensors,
+                1,
+                blocks_per_chunk,
+                num_chunks,
+                kv_stacked=False,
+                groups=groups,
+                host_buffer=region_base(shared_region),
+            )
         #: vLLM's SharedOffloadRegion (replicated layout, or tiering), else None
         self.shared_region = shared_region
         # The region's map (and its /dev/shm file, where this map created it)
         # is released at shutdown, or when the process exits without one.
-        self._release_region = (weakref.finalize(self, shared_region.cleanup) if shared_region is not None
-                                else None)
+        self._release_region = (
+            weakref.finalize(self, shared_region.cleanup) if shared_region is not None else None
+        )
         self.blocks_per_chunk = blocks_per_chunk
         # job id -> (kind, device spec, host spec) until reported, to name a failed copy
         self._jobs: dict[int, tuple[str, Any, Any]] = {}
@@ -101,19 +137,27 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
         """Device blocks ``src_spec`` (GPULoadStoreSpec) -> host chunks ``dst_spec``."""
-        ok = self.offloader.store(job_id, src_spec.block_ids, dst_spec.block_ids,
-                                  offsets=self._offsets(src_spec),
-                                  group_sizes=src_spec.group_sizes)
+        ok = self.offloader.store(
+            job_id,
+            src_spec.block_ids,
+            dst_spec.block_ids,
+            offsets=self._offsets(src_spec),
+            group_sizes=src_spec.group_sizes,
+        )
         self._jobs[job_id] = ("store", src_spec, dst_spec)
         return ok
 
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any,
-                    expedited: bool = False) -> bool:
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
         """Host chunks ``src_spec`` -> device blocks ``dst_spec`` (GPULoadStoreSpec);
         ``expedited`` loads (vLLM 0.33's sync loads) run on their own lane."""
-        ok = self.offloader.load(job_id, src_spec.block_ids, dst_spec.block_ids,
-                                 offsets=self._offsets(dst_spec),
-                                 group_sizes=dst_spec.group_sizes, expedited=expedited)
+        ok = self.offloader.load(
+            job_id,
+            src_spec.block_ids,
+            dst_spec.block_ids,
+            offsets=self._offsets(dst_spec),
+            group_sizes=dst_spec.group_sizes,
+            expedited=expedited,
+        )
         self._jobs[job_id] = ("expedited load" if expedited else "load", dst_spec, src_spec)
         return ok
 
@@ -126,14 +170,21 @@ class KVSwapOffloadingWorker(_offload_base.OffloadingWorker):
         for r in self.offloader.get_finished():
             kind, dev, host = self._jobs.pop(r.job_id, ("job", None, None))
             if not r.success:
-                copy = (f"{kind} of device blocks {_ids(dev.block_ids)} "
-                        f"{'->' if kind == 'store' else '<-'} host chunks {_ids(host.block_ids)}"
-                        if dev is not None else kind)
-                raise TransferFailed(f"kvswap: vLLM offloading job {r.job_id} failed: {copy}: "
-                                     f"{r.error}")
-            out.append(_offload_base.TransferResult(job_id=r.job_id, success=True,
-                                                    transfer_size=r.transfer_size,
-                                                    transfer_time=r.transfer_time))
+                copy = (
+                    f"{kind} of device blocks {_ids(dev.block_ids)} "
+                    f"{'->' if kind == 'store' else '<-'} host chunks {_ids(host.block_ids)}"
+                    if dev is not None
+                    else kind
+                )
+                raise TransferFailed(f"kvswap: vLLM offloading job {r.job_id} failed: {copy}: {r.error}")
+            out.append(
+                _offload_base.TransferResult(
+                    job_id=r.job_id,
+                    success=True,
+                    transfer_size=r.transfer_size,
+                    transfer_time=r.transfer_time,
+                )
+            )
         return out
 
     def wait(self, job_ids: set[int]) -> None:
@@ -178,14 +229,15 @@ class KVSwapOffloadingSpec(CPUOffloadingSpec):
     def get_worker(self, kv_caches: Any) -> Any:
         if self._worker is None:
             chunks = _host_chunks(self)
-            region = (_shared_region(self) if getattr(self, "replicated_layout", False)
-                      and chunks > 0 else None)
+            region = (
+                _shared_region(self) if getattr(self, "replicated_layout", False) and chunks > 0 else None
+            )
             try:
-                self._worker = KVSwapOffloadingWorker(kv_caches, _blocks_per_chunk(self),
-                                                      chunks, region, self._capacity_source)
+                self._worker = KVSwapOffloadingWorker(
+                    kv_caches, _blocks_per_chunk(self), chunks, region, self._capacity_source
+                )
             except Exception:
                 if region is not None:
                     region.cleanup()
                 raise
         return self._worker
-

@@ -1,4 +1,5 @@
-"""``KVSwapSimpleCPUOffloadConnector`` and its worker: vLLM's simple CPU offload classes, copying with torch_kvswap.
+"""``KVSwapSimpleCPUOffloadConnector`` and its worker: vLLM's simple CPU offload classes,
+copying with torch_kvswap.
 
 They subclass vLLM's ``SimpleCPUOffloadConnector`` and
 ``SimpleCPUOffloadWorker``, so importing this module imports vLLM, after
@@ -30,7 +31,8 @@ from .simple_offload import _host_mirrors, check_extra_config, copy_streams, kv_
 _worker_module, _ERA = inspect_vllm("simple")  # vllm.v1.simple_kv_offload.worker
 
 from vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (  # noqa: E402
-    SimpleCPUOffloadConnector)
+    SimpleCPUOffloadConnector,
+)
 
 logger = logging.getLogger("torch_kvswap")
 
@@ -53,9 +55,13 @@ class _DeferredLaunch:
         metadata = self._connector_metadata
         if metadata is not None and (metadata.load_cpu_blocks or metadata.store_gpu_blocks):
             if metadata.load_cpu_blocks:
-                self._backend.launch_copy(metadata.load_cpu_blocks, metadata.load_gpu_blocks,
-                                          is_store=False, event_idx=metadata.load_event,
-                                          events_list=self._load_events)
+                self._backend.launch_copy(
+                    metadata.load_cpu_blocks,
+                    metadata.load_gpu_blocks,
+                    is_store=False,
+                    event_idx=metadata.load_event,
+                    events_list=self._load_events,
+                )
             if metadata.store_gpu_blocks:
                 self._launch_store(metadata)
             launched = copy.copy(metadata)
@@ -98,19 +104,25 @@ class KVSwapSimpleCPUOffloadWorker(_LAUNCH[_ERA], _worker_module.SimpleCPUOffloa
         # vLLM's own count, so the scheduler's block ids fit: 0.33 aligns
         # it across workers (_resolve_num_cpu_blocks), 0.32 divides.
         resolve = getattr(self, "_resolve_num_cpu_blocks", None)
-        self.num_cpu_blocks = (resolve(self.cpu_capacity_bytes, bytes_per_block) if resolve
-                               else max(1, self.cpu_capacity_bytes // bytes_per_block))
+        self.num_cpu_blocks = (
+            resolve(self.cpu_capacity_bytes, bytes_per_block)
+            if resolve
+            else max(1, self.cpu_capacity_bytes // bytes_per_block)
+        )
         if self.device.type != "cpu":
             self.load_stream, self.store_stream = copy_streams(self.device)
         self._host_buffer, self.cpu_kv_caches, self._registered = _host_mirrors(
-            regions, self.num_cpu_blocks, self.device)
+            regions, self.num_cpu_blocks, self.device
+        )
         self.gpu_kv_caches = regions
-        logger.info("kvswap: simple CPU offload, %d regions, %d host blocks (%.2f GiB)",
-                    len(regions), self.num_cpu_blocks,
-                    self.num_cpu_blocks * bytes_per_block / 2**30)
+        logger.info(
+            "kvswap: simple CPU offload, %d regions, %d host blocks (%.2f GiB)",
+            len(regions),
+            self.num_cpu_blocks,
+            self.num_cpu_blocks * bytes_per_block / 2**30,
+        )
         self._backend = KVSwapCopyBackend()
-        self._backend.init(regions, self.cpu_kv_caches, self.device, self.load_stream,
-                           self.store_stream)
+        self._backend.init(regions, self.cpu_kv_caches, self.device, self.load_stream, self.store_stream)
 
     def _launch_store(self, metadata: Any) -> None:
         """Launch a step's store after the compute queued so far (on an
@@ -122,9 +134,14 @@ class KVSwapSimpleCPUOffloadWorker(_LAUNCH[_ERA], _worker_module.SimpleCPUOffloa
                 self._store_compute_done = torch.Event(device=self.device)
             self._store_compute_done.record(torch.accelerator.current_stream(self.device))
             wait = self._store_compute_done
-        self._backend.launch_copy(metadata.store_gpu_blocks, metadata.store_cpu_blocks,
-                                  is_store=True, event_idx=metadata.store_event,
-                                  events_list=self._store_events, wait_event=wait)
+        self._backend.launch_copy(
+            metadata.store_gpu_blocks,
+            metadata.store_cpu_blocks,
+            is_store=True,
+            event_idx=metadata.store_event,
+            events_list=self._store_events,
+            wait_event=wait,
+        )
 
     def shutdown(self) -> None:
         """Finish the copies in flight, then release the host mirrors; idempotent."""

@@ -1,4 +1,5 @@
-"""vLLM's ``SimpleCPUOffloadConnector`` path, with :class:`~.copy_backend.KVSwapCopyBackend` as its copy backend.
+"""vLLM's ``SimpleCPUOffloadConnector`` path, with :class:`~.copy_backend.KVSwapCopyBackend`
+as its copy backend.
 
 Select it in ``vllm serve`` with::
 
@@ -46,10 +47,16 @@ __all__ = ["build", "kv_regions", "SUPPORTED_EXTRA_CONFIG", "check_extra_config"
 #: ``num_cpu_blocks`` included) and ``kvswap_check``. Any other key (a typo,
 #: or the disk backend's ``disk_path``, ...) is refused when the connector is
 #: built.
-SUPPORTED_EXTRA_CONFIG = frozenset({
-    "cpu_bytes_to_use", "cpu_bytes_to_use_per_rank", "lazy_offload", "num_cpu_blocks",
-    "kv_offload_backend", CHECK_KEY,
-})
+SUPPORTED_EXTRA_CONFIG = frozenset(
+    {
+        "cpu_bytes_to_use",
+        "cpu_bytes_to_use_per_rank",
+        "lazy_offload",
+        "num_cpu_blocks",
+        "kv_offload_backend",
+        CHECK_KEY,
+    }
+)
 
 
 def check_extra_config(extra: Any) -> None:
@@ -59,12 +66,16 @@ def check_extra_config(extra: Any) -> None:
     extra = dict(extra or {})
     backend = extra.get("kv_offload_backend", "cpu")
     if backend != "cpu":
-        raise ValueError("KVSwapSimpleCPUOffloadConnector copies to host memory only: "
-                         f"kv_offload_backend must be 'cpu', got {backend!r}")
+        raise ValueError(
+            "KVSwapSimpleCPUOffloadConnector copies to host memory only: "
+            f"kv_offload_backend must be 'cpu', got {backend!r}"
+        )
     unknown = sorted(set(extra) - SUPPORTED_EXTRA_CONFIG)
     if unknown:
-        raise ValueError(f"KVSwapSimpleCPUOffloadConnector does not support kv_connector_extra_config "
-                         f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}")
+        raise ValueError(
+            f"KVSwapSimpleCPUOffloadConnector does not support kv_connector_extra_config "
+            f"keys {unknown}; supported: {sorted(SUPPORTED_EXTRA_CONFIG)}"
+        )
 
 
 def copy_streams(device: torch.device) -> tuple[Any, Any]:
@@ -119,16 +130,23 @@ def kv_regions(kv_caches: dict[str, torch.Tensor], kv_cache_config: Any) -> dict
         stride, span = int(kt.block_stride), num_blocks * int(kt.block_stride)
         if int(kt.layer_stride) >= span:
             per_layer = int(kt.layer_stride) // span
-            starts = [(f"{layer}.{i}" if per_layer > 1 else layer,
-                       int(kt.offset) + l * int(kt.layer_stride) + i * span)
-                      for l, layer in enumerate(kt.layers) for i in range(per_layer)]
+            starts = [
+                (
+                    f"{layer}.{i}" if per_layer > 1 else layer,
+                    int(kt.offset) + k * int(kt.layer_stride) + i * span,
+                )
+                for k, layer in enumerate(kt.layers)
+                for i in range(per_layer)
+            ]
         else:
             starts = [(name, int(kt.offset) - int(kt.offset) % stride)]
         for key, start in starts:
             if start + span > raw.numel():
-                raise ValueError(f"KV cache {name!r}: {kt.layers} place {span} bytes at offset "
-                                 f"{start}, past its {raw.numel()}-byte storage")
-            region = raw[start:start + span].view(num_blocks, stride)
+                raise ValueError(
+                    f"KV cache {name!r}: {kt.layers} place {span} bytes at offset "
+                    f"{start}, past its {raw.numel()}-byte storage"
+                )
+            region = raw[start : start + span].view(num_blocks, stride)
             if region.data_ptr() in seen:
                 continue
             seen.add(region.data_ptr())
@@ -156,21 +174,24 @@ def kv_regions_from_strides(kv_caches: dict[str, Any], num_blocks: int) -> dict[
         raw = torch.empty(0, dtype=torch.int8, device=tensor.device).set_(storage)
         page = storage.nbytes() // num_blocks
         if page < 1:
-            raise ValueError(f"KV cache {name!r}: its {storage.nbytes()}-byte storage holds less than "
-                             f"one byte per block of {num_blocks}")
+            raise ValueError(
+                f"KV cache {name!r}: its {storage.nbytes()}-byte storage holds less than "
+                f"one byte per block of {num_blocks}"
+            )
         el = tensor.element_size()
         outer = [d for d in range(tensor.dim()) if tensor.stride(d) * el > page]
         if not outer:
-            regions[name] = raw[:num_blocks * page].view(num_blocks, page)
+            regions[name] = raw[: num_blocks * page].view(num_blocks, page)
             continue
         seg = tensor.stride(outer[0]) * el
         for i in range(tensor.shape[outer[0]]):
-            regions[f"{name}.{i}"] = raw[i * seg:(i + 1) * seg].view(num_blocks, -1)
+            regions[f"{name}.{i}"] = raw[i * seg : (i + 1) * seg].view(num_blocks, -1)
     return regions
 
 
-def _host_mirrors(regions: dict[str, torch.Tensor], num_blocks: int,
-                  device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
+def _host_mirrors(
+    regions: dict[str, torch.Tensor], num_blocks: int, device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], bool]:
     """One page-aligned host buffer holding a ``[num_blocks, block_bytes]``
     mirror of each region, each mirror on a page boundary; on an accelerator
     pinned in place at its exact size (the offloader's
@@ -181,7 +202,7 @@ def _host_mirrors(regions: dict[str, torch.Tensor], num_blocks: int,
     buffer = buffer.view(torch.int8).zero_()  # the buffer's base keeps the whole allocation
     mirrors, offset = {}, 0
     for (name, region), size in zip(regions.items(), sizes):
-        mirrors[name] = buffer[offset:offset + num_blocks * region.shape[1]].view(num_blocks, -1)
+        mirrors[name] = buffer[offset : offset + num_blocks * region.shape[1]].view(num_blocks, -1)
         offset += size
     return buffer, mirrors, registered
 
@@ -190,5 +211,7 @@ def build() -> dict[str, type]:
     """The plug-in classes by name, on the installed vLLM: importing their
     module (:mod:`.simple_connector`) checks vLLM's interface, once."""
     connector = importlib.import_module(f"{__package__}.simple_connector")
-    return {"KVSwapSimpleCPUOffloadWorker": connector.KVSwapSimpleCPUOffloadWorker,
-            "KVSwapSimpleCPUOffloadConnector": connector.KVSwapSimpleCPUOffloadConnector}
+    return {
+        "KVSwapSimpleCPUOffloadWorker": connector.KVSwapSimpleCPUOffloadWorker,
+        "KVSwapSimpleCPUOffloadConnector": connector.KVSwapSimpleCPUOffloadConnector,
+    }

@@ -12,8 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from .compat import CHECK_KEY, check_tiering_vllm
-from .offloading import (SUPPORTED_TIERING_EXTRA_CONFIG, _capacity_source, _host_chunks, _refuse_unknown,
-                         _tiering_region)
+from .offloading import (
+    SUPPORTED_TIERING_EXTRA_CONFIG,
+    _capacity_source,
+    _host_chunks,
+    _refuse_unknown,
+    _tiering_region,
+)
 from .offloading_spec import KVSwapOffloadingWorker  # checks vLLM's interface first
 
 TieringOffloadingSpec = check_tiering_vllm().TieringOffloadingSpec
@@ -48,16 +53,20 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
                 f"KVSwapTieringOffloadingSpec does not support kv_connector_extra_config key "
                 f"{CHECK_KEY!r} (checked mode): chunks promoted from a secondary tier are "
                 f"written by vLLM's scheduler, not by a store this package saw, so checked "
-                f"mode would refuse to load them; remove it")
+                f"mode would refuse to load them; remove it"
+            )
         _refuse_unknown("KVSwapTieringOffloadingSpec", config, extra, SUPPORTED_TIERING_EXTRA_CONFIG)
         super().__init__(config)
         if self.blocks_per_chunk != 1:
-            given = ", ".join(f"{k}={extra[k]!r}" for k in ("block_size", "blocks_per_chunk")
-                              if k in extra) or "the default"
+            given = (
+                ", ".join(f"{k}={extra[k]!r}" for k in ("block_size", "blocks_per_chunk") if k in extra)
+                or "the default"
+            )
             raise ValueError(
                 f"KVSwapTieringOffloadingSpec supports one device block per chunk only "
                 f"(blocks_per_chunk 1, or block_size equal to the engine's block size); "
-                f"kv_connector_extra_config {given} gives {self.blocks_per_chunk}")
+                f"kv_connector_extra_config {given} gives {self.blocks_per_chunk}"
+            )
         self._capacity_source = _capacity_source()
 
     def get_worker(self, kv_caches: Any) -> Any:
@@ -67,14 +76,20 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
         if self._worker is None:
             chunks = _host_chunks(self)
             if chunks < 1:
-                raise ValueError(f"{self._capacity_source} holds no chunk of this model's KV "
-                                 "cache (1 block of every cache tensor): raise it")
+                raise ValueError(
+                    f"{self._capacity_source} holds no chunk of this model's KV "
+                    "cache (1 block of every cache tensor): raise it"
+                )
             region = _tiering_region(self)
             try:
-                self._worker = KVSwapOffloadingWorker(kv_caches, 1, chunks,
-                                                      capacity_source=self._capacity_source,
-                                                      tiering_region=region,
-                                                      slot_bytes=self.cpu_page_size_per_worker)
+                self._worker = KVSwapOffloadingWorker(
+                    kv_caches,
+                    1,
+                    chunks,
+                    capacity_source=self._capacity_source,
+                    tiering_region=region,
+                    slot_bytes=self.cpu_page_size_per_worker,
+                )
             except Exception:
                 region.cleanup()
                 raise
