@@ -61,7 +61,7 @@ ensure_venv() {
     start=$SECONDS
     uv="$([ "${KVSWAP_PIP:-0}" = 1 ] || uv_bin || true)"
     if [ -n "$uv" ]; then
-      echo "[env] installing $requirements into $dir with uv (a CUDA build of torch: a minute the first time, seconds after) ..."
+      echo "[env] installing $requirements into $dir with uv (seconds once its wheels are in uv's cache; a CUDA build of torch, a minute or two before) ..."
       local index
       eval "index=($(pip_index_args))"
       "$uv" pip install --quiet --python "$PY" "${index[@]}" --upgrade pip
