@@ -560,7 +560,13 @@ def main(argv=None) -> int:
     code, out = run_pytest(tests, work, env, args.timeout * 2)
     if code != 0:
         print(out[-8000:])
-        print("[mutation] the tests fail without any mutant; nothing can be judged")
+        if code == "timeout":
+            print(
+                f"[mutation] the tests without a mutant did not finish within {args.timeout * 2:g} s "
+                "(twice --timeout); nothing can be judged: give a larger --timeout on a busy machine"
+            )
+        else:
+            print("[mutation] the tests fail without any mutant; nothing can be judged")
         return 2
 
     # Python-only mutants first, on the unmutated build; then the C++ ones,
