@@ -245,8 +245,13 @@ def tree_files(root: Path) -> list[str]:
 
 def sync_tree(root: Path, work: Path) -> None:
     """Makes `work` hold the working tree's files. Unchanged files keep their
-    modification time, so the build in `work` stays incremental."""
+    modification time, so the build in `work` stays incremental. A build lock
+    of torch's extension loader left in the copy by a check that was killed
+    mid-build is removed: the copy is this check's alone, and the fake NPU's
+    loader would wait on that lock forever."""
     work.mkdir(parents=True, exist_ok=True)
+    for lock in (work / "build").glob("*/lock"):
+        lock.unlink()
     manifest = work / ".mutation-manifest"
     previous = set(manifest.read_text().split("\n")) if manifest.exists() else set()
     files = tree_files(root)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -370,3 +371,17 @@ def test_a_forked_test_run_past_its_timeout_is_killed_with_its_children(tmp_path
     ):
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+def test_a_build_lock_left_in_the_copy_by_a_killed_check_is_removed(tmp_path):
+    root, work = tmp_path / "root", tmp_path / "work"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "x.py").write_text("x = 1\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (work / "build" / "fake_npu").mkdir(parents=True)
+    (work / "build" / "fake_npu" / "lock").write_text("")
+    (work / "build" / "fake_npu" / "build.ninja").write_text("kept\n")
+    mc.sync_tree(root, work)
+    assert not (work / "build" / "fake_npu" / "lock").exists()
+    assert (work / "build" / "fake_npu" / "build.ninja").read_text() == "kept\n"
+    assert (work / "pkg" / "x.py").read_text() == "x = 1\n"

@@ -216,4 +216,16 @@ MUTANTS = [
         ],
         why="a hung mutant's test run is killed but the processes it started keep running",
     ),
+    dict(
+        name="mutation-copy-keeps-a-stale-build-lock",
+        file="scripts/mutation_check.py",
+        where="sync_tree",
+        find="        lock.unlink()\n",
+        replace="        pass\n",
+        tests=[
+            "tests/test_mutation_check.py::test_a_build_lock_left_in_the_copy_by_a_killed_check_is_removed"
+        ],
+        why="a check killed while the fake NPU built leaves torch's build lock in the copy: the next "
+        "check's baseline waits on it until its timeout",
+    ),
 ]
