@@ -17,14 +17,15 @@ took() {
 # all indexes; uv is told to do the same.
 pip_index_args() {
   "$PYTHON_BIN" -m pip config list 2>/dev/null | "$PYTHON_BIN" -c '
-import os, shlex, sys
+import shlex, sys
 flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links"}
-args = ["--index-strategy", "unsafe-best-match"]
+pairs = {}  # one of each: a setting in pip.conf and in PIP_* is listed twice
 for line in sys.stdin:
     key, _, value = line.strip().partition("=")
     flag = flags.get(key.rsplit(".", 1)[-1])
     if flag:
-        args += [a for v in shlex.split(value.strip("\x27\"")) for a in (flag, v)]
+        pairs.update(((flag, v), None) for v in shlex.split(value.strip("\x27\"")))
+args = ["--index-strategy", "unsafe-best-match"] + [a for pair in pairs for a in pair]
 print(" ".join(shlex.quote(a) for a in args))'
 }
 
