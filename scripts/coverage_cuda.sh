@@ -14,9 +14,16 @@ COV="$ROOT/build/coverage"
 OBJ="$COV/temp/tests/fake_cuda"
 copy_tree coverage/tree   # env.sh's; sets TREE
 find "$COV/temp" -name '*.gcda' -delete 2>/dev/null || true
+# The host engine (_C) takes the same flags here as in the tree: the tree's
+# build of it is copied with its build fingerprint (modification time kept),
+# so the copy's build compiles only the fake, not _C again (build_command.py,
+# BuildWithSummary.stale). A changed source still makes the copy stale.
+mkdir -p "$COV/temp"
+for so in "$ROOT"/torch_kvswap/_C.*.so; do cp --preserve=timestamps "$so" "$TREE/torch_kvswap/"; done
+for stamp in "$ROOT"/build/temp.*/torch_kvswap._C.fingerprint; do cp "$stamp" "$COV/temp/"; done
 echo "[coverage] building torch_kvswap._fake_cuda with --coverage in $TREE"
 (cd "$TREE" && KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=1 KVSWAP_FAKE_COVERAGE=1 \
-  "$PY" setup.py --quiet build_ext --inplace --build-temp "$COV/temp" 2>&1 | grep -F '_fake_cuda')
+  "$PY" setup.py --quiet build_ext --inplace --build-temp "$COV/temp" 2>&1 | grep -F -e '_fake_cuda' -e '(_C)')
 echo "[coverage] running tests/test_cuda_fake.py"
 # In the copy, so that its torch_kvswap (with the instrumented extension) is imported.
 (cd "$TREE" && PYTHONPATH="$TREE" "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_fake.py "$@" | tail -3)
