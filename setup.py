@@ -228,7 +228,8 @@ def npu_extension(decision: Decision, npu_root: Path):
 
 
 def fake_cuda_extension(include: str):
-    """The CUDA engine's host logic against the fake runtime (tests only)."""
+    """The test extension (tests only): the CUDA engine's host logic against
+    the fake runtime, a recording engine and calls into engines (kvswap_test)."""
     from torch.utils.cpp_extension import CppExtension
 
     fakes = ROOT / "tests" / "fake_cuda"
@@ -236,10 +237,14 @@ def fake_cuda_extension(include: str):
         fakes / "engine_under_test.cpp",
         fakes / "fake_cuda_runtime.cpp",
         fakes / "fake_cuda_module.cpp",
+        fakes / "test_extension.cpp",
     ]
     coverage = ["--coverage"] if flag("KVSWAP_FAKE_COVERAGE") else []
-    # engine_under_test.cpp includes csrc/cuda/cuda_engine.cpp.
-    depends = _headers(CSRC, CSRC / "cuda", fakes) + _rel([CSRC / "cuda" / "cuda_engine.cpp"])
+    # engine_under_test.cpp includes csrc/cuda/cuda_engine.cpp; test_extension.cpp
+    # the core's test hooks.
+    depends = _headers(CSRC, CSRC / "cuda", fakes) + _rel(
+        [CSRC / "cuda" / "cuda_engine.cpp", CSRC / "core" / "test_hooks.h"]
+    )
     return CppExtension(
         "torch_kvswap._fake_cuda",
         _rel(sources),

@@ -14,11 +14,13 @@
 //   host/             the host engine (memcpy on a thread pool), always built;
 //   cuda/, ascend/    the accelerator engines, each a separate extension.
 //
-// An engine is reached through the dispatcher, not through a C++ symbol: it
-// registers a kernel for `kvswap::_submit` under its own dispatch key (CPU,
-// CUDA, PrivateUse1), and the core redispatches validated descriptors to that
-// key. Engines therefore live in separate shared objects without linking to
-// each other, and a missing engine is an error message, not a loader failure.
+// An engine is reached through one table of functions, EngineInterface below:
+// each engine hands the core its table when its extension loads (the core's
+// own host engine at start-up), and the core calls it directly. A call
+// crosses the dispatcher once, into the core's op. Engines live in separate
+// shared objects that link neither the core nor each other: the core module
+// exports its registry as a Python capsule (python_module.h), and a missing
+// engine is an error message, not a loader failure.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +30,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace kvswap {
 
@@ -102,7 +105,7 @@ struct CopyBatch {
   Direction direction = Direction::kHostToDevice;
 };
 
-// Views the tensors of a `_submit` call as a CopyBatch. The tensors were built
+// Views the tensors of an EngineInterface::submit call as a CopyBatch. The tensors were built
 // by the core (contiguous, int64, CPU, equal length, sizes > 0), so this only
 // re-checks what is cheap and would otherwise corrupt memory.
 inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
@@ -111,7 +114,7 @@ inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs, const at::Tensor
   TORCH_CHECK(dst_ptrs.numel() == n && sizes.numel() == n && src_ptrs.scalar_type() == at::kLong &&
                   dst_ptrs.scalar_type() == at::kLong && sizes.scalar_type() == at::kLong &&
                   src_ptrs.is_contiguous() && dst_ptrs.is_contiguous() && sizes.is_contiguous(),
-              "kvswap::_submit expects the core's descriptor tensors; call swap_blocks or "
+              "an engine's submit expects the core's descriptor tensors; call swap_blocks or "
               "swap_blocks_batch instead");
   CopyBatch batch;
   batch.src = src_ptrs.const_data_ptr<int64_t>();
@@ -124,5 +127,71 @@ inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs, const at::Tensor
 }
 
 inline void* as_ptr(int64_t address) { return reinterpret_cast<void*>(static_cast<uintptr_t>(address)); }
+
+// --- The engine interface ------------------------------------------------------
+
+// What an engine gives the core. The core validates every call before it
+// reaches an engine and hands it only what it validated. `submit` is
+// required; an entry left null is something the engine does not have, and
+// the core says so (or takes the path that does without it).
+struct EngineInterface {
+  // As reports and errors name the engine: "CUDA engine (torch_kvswap._C_cuda)".
+  const char* name;
+
+  // Queues the core's merged descriptors (three contiguous 1-D int64 CPU
+  // tensors of equal length; every size > 0; batch_from_tensors views them)
+  // on the current stream of `device`. The tensors are the core's descriptor
+  // table: an engine whose copies read them after it returns keeps the
+  // tensors alive until then.
+  void (*submit)(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                 int64_t direction, int64_t total_bytes, c10::Device device);
+
+  // Whether the current stream of `device` is being captured into a graph.
+  // The core asks before it picks a path, since a capture forbids
+  // synchronizing calls. Null: the engine's streams are never captured.
+  bool (*stream_capturing)(c10::Device device);
+
+  // Page-locks (pin) or releases an existing contiguous host buffer for DMA
+  // by `device`, in place and at its exact size (torch.ops.kvswap._host_register).
+  void (*host_register)(const at::Tensor& buffer, c10::Device device, bool pin);
+
+  // Whether every byte of the host tensor `buffer` is page-locked for DMA by
+  // `device`, as the engine sees it. An engine that answers needs pinned host
+  // caches: the core refuses pageable ones before anything is copied (CANN
+  // copies pageable memory synchronously, refuses it under graph capture,
+  // and up to 8.0 corrupts it silently).
+  bool (*host_pinned)(const at::Tensor& buffer, c10::Device device);
+
+  // Whether `device` can address every host tensor of `tensors` in place
+  // (page-locked and mapped). Engines with a copy kernel answer.
+  bool (*host_mapped)(at::TensorList tensors, c10::Device device);
+
+  // What the engine found on `device`, as "name=value" lines (python -m torch_kvswap).
+  std::vector<std::string> (*report)(c10::Device device);
+
+  // The kernel path of swap_blocks, for caches the core validated: a kernel
+  // that reads the block ids from device memory when it runs, so a captured
+  // graph copies the ids current at replay (copy method "kernel").
+  void (*copy_blocks)(at::TensorList src_caches, at::TensorList dst_caches, const at::Tensor& src_block_ids,
+                      const at::Tensor& dst_block_ids);
+};
+
+// Bumped whenever EngineInterface or EngineRegistry changes, so that an
+// engine built against another layout is refused when it loads.
+inline constexpr uint32_t kEngineInterfaceVersion = 1;
+
+// The core's registry of engines, one per device type (CPU, CUDA,
+// PrivateUse1), as the core module exports it (python_module.h).
+struct EngineRegistry {
+  uint32_t version;  // kEngineInterfaceVersion of the core's build
+  // Makes `engine` serve `type` (null: nothing serves it) and returns the
+  // engine that served it before, so that a test fake can put it back. The
+  // table must outlive its use: engines keep theirs for the process's life.
+  // Throws for a device type no engine can serve.
+  const EngineInterface* (*install)(c10::DeviceType type, const EngineInterface* engine);
+  // The engine that serves `type` now, or null (the test extension calls
+  // engines through it).
+  const EngineInterface* (*lookup)(c10::DeviceType type);
+};
 
 }  // namespace kvswap

@@ -1,12 +1,33 @@
-// Every schema of the `kvswap` namespace, declared once. The core's kernels
-// are registered in csrc/core/registration_core.cpp, each engine's (`_submit`,
-// ...) in its own file under its own key; fake kernels live in
-// torch_kvswap/fake_kernels.py.
+// Every schema of the `kvswap` namespace, declared once. Their kernels are
+// the core's (csrc/core/registration_core.cpp); engines register no op: they
+// install an EngineInterface (kvswap.h) through the registry this module
+// exports. Fake kernels live in torch_kvswap/fake_kernels.py.
 #include <torch/library.h>
 
+#include "core/core.h"
+#include "core/test_hooks.h"
 #include "python_module.h"
 
-KVSWAP_PYTHON_MODULE(_C)
+// The core's module exports two capsules: the engine registry, which each
+// engine's module imports to install itself, and the hooks of the test
+// extension (core/test_hooks.h).
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
+  PyObject* module = kvswap::python::create_module(
+      &module_def, "_engine_registry",
+      PyCapsule_New(const_cast<kvswap::EngineRegistry*>(&kvswap::core::kRegistry),
+                    kvswap::python::kRegistryCapsule, nullptr));
+  if (module == nullptr) return nullptr;
+  PyObject* hooks = PyCapsule_New(const_cast<kvswap::CoreTestHooks*>(&kvswap::core::kTestHooks),
+                                  kvswap::python::kTestHooksCapsule, nullptr);
+  if (hooks == nullptr || PyModule_AddObject(module, "_test_hooks", hooks) < 0) {
+    Py_XDECREF(hooks);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
 
 TORCH_LIBRARY(kvswap, m) {
   // Batched copy between raw addresses: copy sizes[i] bytes from src_ptrs[i]
@@ -32,57 +53,20 @@ TORCH_LIBRARY(kvswap, m) {
   // of the result are dropped. Returns a new 1-D int64 tensor.
   m.def("expand_block_ids(Tensor block_ids, int block_size_factor, int skip_count=0) -> Tensor");
 
-  // expand_block_ids' accelerator path (ATen tensor ops) on any device, so
-  // that tests compare its values on the CPU too. Not for direct use.
-  m.def("_expand_block_ids_aten(Tensor block_ids, int block_size_factor, int skip_count=0) -> Tensor");
-
-  // Name of a direction code; ties torch_kvswap.Direction to the C++ enum.
-  m.def("_direction_name(int direction) -> str");
-
-  // Engine entry point: submit validated, merged descriptors built by the
-  // core. Each engine registers a kernel for its dispatch key; the core
-  // redispatches to it. `device` is where the copies are issued (the current
-  // stream of that device). Not for direct use.
-  m.def(
-      "_submit(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction, int total_bytes, "
-      "Device device) -> ()");
-
-  // Whether the current stream of `device` is being captured into a graph.
-  // Served by the accelerator engines under their key; the core asks before
-  // it picks a path, since a capture forbids synchronizing calls. Not for
-  // direct use.
-  m.def("_stream_capturing(Device device) -> bool");
-
   // Page-locks (pin=True) or releases (pin=False) an existing contiguous host
   // buffer for DMA by `device`, in place and at its exact size; the pinned
   // allocators round every allocation up to a power of two, which host
-  // mirrors of a KV cache cannot afford. Served by the accelerator engines.
+  // mirrors of a KV cache cannot afford. The engine of `device` does it.
   m.def("_host_register(Tensor buffer, Device device, bool pin) -> ()");
 
-  // Whether the host memory `buffer` spans is page-locked for DMA by
-  // `device`, as the engine of `device` sees it (what it pinned in place, and
-  // the pinned allocator's blocks). The core asks before the Ascend engine copies host
-  // caches: CANN copies pageable memory synchronously, refuses it under graph
-  // capture, and up to 8.0 corrupts it silently. Not for direct use.
-  m.def("_host_pinned(Tensor buffer, Device device) -> bool");
-
   // What the engine of `device` found on it, as "name=value" lines: the
-  // batch copy API, the capture query, in-place pinning. Served by the
-  // accelerator engines; read by `python -m torch_kvswap`. Not for direct use.
+  // batch copy API, the capture query, in-place pinning. Read by
+  // `python -m torch_kvswap`. Not for direct use.
   m.def("_engine_report(Device device) -> str[]");
 
-  // Whether `device` can address every host (CPU) tensor of `tensors` in
-  // place: page-locked and mapped. Served by engines with a kernel path
-  // (CUDA); the core asks before it picks a path. Not for direct use.
-  m.def("_host_mapped(Tensor[] tensors, Device device) -> bool");
-
-  // Kernel path of swap_blocks, on engines that have one (CUDA): copies with
-  // a kernel that reads the block ids from device memory when it runs, so a
-  // captured graph copies the ids current at replay. The core validates the
-  // caches first and picks this path (see _set_copy_method).
-  m.def(
-      "_swap_blocks_kernel(Tensor[] src_caches, Tensor(a!)[] dst_caches, Tensor src_block_ids, "
-      "Tensor dst_block_ids) -> ()");
+  // The device types an engine serves now ("cpu", "cuda", "npu"); the
+  // loader's torch_kvswap._loader.engine_for reads it. Not for direct use.
+  m.def("_engines() -> str[]");
 
   // How swap_blocks copies where an engine offers a choice: "auto" (by block
   // size), "dma" (the batched DMA path) or "kernel" (the kernel path).
@@ -96,18 +80,6 @@ TORCH_LIBRARY(kvswap, m) {
   m.def(
       "_plan_swap_blocks(Tensor[] src_caches, Tensor[] dst_caches, Tensor src_block_ids, "
       "Tensor dst_block_ids) -> (Tensor, Tensor, Tensor)");
-
-  // Dry run of swap_blocks_batch: validates and returns the merged
-  // descriptors it would submit.
-  m.def(
-      "_plan_swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int direction) -> (Tensor, Tensor, Tensor)");
-
-  // How the host engine would copy a batch of `total_bytes` bytes from this
-  // thread now: the copy routine (after KVSWAP_HOST_COPY and the CPU's
-  // features) and how many parts the bytes are split into for torch's
-  // intra-op threads (1: the calling thread alone). For tests. Not for
-  // direct use.
-  m.def("_host_copy_plan(int total_bytes) -> (str, int)");
 
   // Checked mode (csrc/core/checked.cpp, docs/checked.md). Process-wide
   // switch; torch_kvswap.checked() and KVSWAP_CHECK drive it. Not for
@@ -125,11 +97,4 @@ TORCH_LIBRARY(kvswap, m) {
 
   // Drops a region by id; false when there was none (already dropped).
   m.def("_unregister_region(int id) -> bool");
-
-  // "side:label" of every region that holds bytes, in address order. For tests.
-  m.def("_region_labels() -> str[]");
-
-  // Region entries the table has visited since the process started
-  // (registering, dropping, checking): linear in the regions. For tests.
-  m.def("_region_table_work() -> int");
 }

@@ -130,7 +130,6 @@ class FakeBackend(CudaBackend):
     fake registers as device memory; streams are queues that run at a sync."""
 
     kind = "fake"
-    CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
     def __init__(self):
         import torch_kvswap._fake_cuda  # noqa: F401 - registers torch.ops.kvswap_fake_cuda
@@ -212,11 +211,9 @@ class FakeBackend(CudaBackend):
 
     def pointer_copy(self, sp, dp, sizes, direction):
         # The pointer op takes its device from torch's current accelerator, which a CPU
-        # build of torch does not have: the engine call it makes, redispatched to CUDA.
+        # build of torch does not have: the engine call it makes, through the test extension.
         total = int(sizes.sum())
-        torch.ops.kvswap._submit.default.redispatch(
-            self.CUDA, sp, dp, sizes, int(direction), total, torch.device("cuda", 0)
-        )
+        torch.ops.kvswap_test.submit("cuda", sp, dp, sizes, int(direction), total, torch.device("cuda", 0))
 
     def bench_stream(self):
         return self.stream  # the stream capture() captures on

@@ -58,7 +58,7 @@ def pointer_op(repeats: int, shuffled: bool) -> tuple[float, float]:
     src = torch.from_numpy(cache.data_ptr() + sid * block)
     dst = torch.from_numpy(mirror.data_ptr() + did * block)
     sizes = torch.full((n,), block, dtype=torch.int64)
-    plan = torch.ops.kvswap._plan_swap_blocks_batch.default
+    plan = torch.ops.kvswap_test.plan_swap_blocks_batch.default
     d2h = int(Direction.DEVICE_TO_HOST)
 
     def call():

@@ -7,12 +7,13 @@ accelerator's, and no kvswap engine serves that key unless a test registers
 one. Only the kvswap ops are called on these tensors; any other op on them
 fails (no kernels), which is fine for what they are for.
 
-``engine_spy(key)`` registers, for the duration of a ``with`` block, a Python
-kernel of ``kvswap::_submit`` under ``key`` ("CPU" stands in for the host
-engine, "PrivateUse1" adds an engine for the stand-in device). It records
-every call (descriptors, direction code, device) and, unless told not to,
-performs the copies with ``memmove``, so a test sees both what the core
-handed an engine and the bytes that result.
+``engine_spy(key)`` installs, for the duration of a ``with`` block, a
+recording engine in the core in place of the engine of ``key`` ("CPU" stands
+in for the host engine, "PrivateUse1" adds an engine for the stand-in device;
+tests/fake_cuda/test_extension.cpp). It records every call (descriptors,
+direction code, device) and, unless told not to, performs the copies with
+``memmove``, so a test sees both what the core handed an engine and the bytes
+that result.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import types
-import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -128,7 +129,7 @@ def on_fake_device(host: torch.Tensor, index: int = 0) -> torch.Tensor:
 
 @dataclass
 class Submission:
-    """One call of kvswap::_submit, as an engine receives it."""
+    """One call of an engine's submit, as the engine receives it."""
 
     src: list[int]
     dst: list[int]
@@ -138,30 +139,46 @@ class Submission:
     device: torch.device
 
 
+class _Calls(Sequence):
+    """The recording engine's calls so far, read from it on each look; once
+    the engine is uninstalled, the calls it recorded."""
+
+    frozen: list[Submission] | None = None
+
+    def _all(self) -> list[Submission]:
+        if self.frozen is not None:
+            return self.frozen
+        tables, directions, totals, devices = torch.ops.kvswap_test.spy_calls()
+        return [
+            Submission(t[0].tolist(), t[1].tolist(), t[2].tolist(), d, n, torch.device(dev))
+            for t, d, n, dev in zip(tables, directions, totals, devices)
+        ]
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __eq__(self, other) -> bool:
+        return self._all() == list(other)
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+_ENGINE_OF_KEY = {"CPU": "cpu", "PrivateUse1": "privateuseone"}
+
+
 @contextlib.contextmanager
 def engine_spy(key: str, copy: bool = True):
-    """Serves ``kvswap::_submit`` under ``key`` with a recording kernel; yields the list of calls."""
-    calls: list[Submission] = []
+    """Serves the device type of dispatch key ``key`` with a recording engine; yields its calls."""
+    import extension_ops  # noqa: F401 - torch.ops.kvswap_test
 
-    def submit(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device):
-        call = Submission(
-            src_ptrs.tolist(), dst_ptrs.tolist(), sizes.tolist(), direction, total_bytes, device
-        )
-        calls.append(call)
-        if copy:
-            for s, d, n in zip(call.src, call.dst, call.sizes):
-                ctypes.memmove(d, s, n)
-
-    lib = torch.library.Library("kvswap", "IMPL")
+    torch.ops.kvswap_test.spy_install(_ENGINE_OF_KEY[key], copy)
+    calls = _Calls()
     try:
-        with warnings.catch_warnings():
-            # Replacing the host engine's kernel is what this is for.
-            warnings.filterwarnings("ignore", message="Warning only once for all operators")
-            lib.impl("_submit", submit, key)
-            if key != "CPU":
-                # An accelerator engine also answers whether host memory is
-                # page-locked; the stand-in device's host side counts as such.
-                lib.impl("_host_pinned", lambda buffer, device: True, key)
         yield calls
     finally:
-        lib._destroy()
+        calls.frozen = calls._all()
+        torch.ops.kvswap_test.spy_uninstall()

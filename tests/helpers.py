@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+import extension_ops  # noqa: F401 - torch.ops.kvswap_test
+
 
 def ids(values) -> torch.Tensor:
     """A 1-D int64 CPU tensor of block ids (or addresses, sizes)."""
@@ -26,7 +28,7 @@ def plan_blocks(src_caches, dst_caches, src_ids, dst_ids) -> list[list[int]]:
 def plan_batch(src_ptrs, dst_ptrs, sizes, direction=0) -> list[list[int]]:
     """The descriptors kvswap::swap_blocks_batch would submit, as [src, dst,
     sizes] lists; the three columns are tensors, or lists made int64 tensors."""
-    planned = torch.ops.kvswap._plan_swap_blocks_batch.default(
+    planned = torch.ops.kvswap_test.plan_swap_blocks_batch.default(
         _as_ids(src_ptrs), _as_ids(dst_ptrs), _as_ids(sizes), int(direction)
     )
     return [t.tolist() for t in planned]

@@ -4,7 +4,7 @@ They run in a child process (see isolation.py): each builds its own inputs.
 CASES maps a case name to (function, expected exception type, message regex).
 
 The swap_blocks and swap_blocks_batch cases also run through the ops' dry
-runs (_plan_swap_blocks, _plan_swap_blocks_batch): run_case(name, dry_run=True)
+runs (_plan_swap_blocks, kvswap_test.plan_swap_blocks_batch): run_case(name, dry_run=True)
 sends the same call there, and test_malformed.py checks that both refuse it
 with the same error.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 import torch_kvswap  # noqa: F401
+import extension_ops  # noqa: F401 - torch.ops.kvswap_test
 
 ops = torch.ops.kvswap
 I64 = torch.int64
@@ -21,7 +22,7 @@ _dry_run = False  # set by run_case
 
 
 def _batch_op():
-    return ops._plan_swap_blocks_batch if _dry_run else ops.swap_blocks_batch
+    return torch.ops.kvswap_test.plan_swap_blocks_batch if _dry_run else ops.swap_blocks_batch
 
 
 def _swap_op():

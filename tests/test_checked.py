@@ -25,7 +25,7 @@ from helpers import plan_batch
 from reference import read_address
 
 OP = torch.ops.kvswap.swap_blocks_batch.default
-PLAN = torch.ops.kvswap._plan_swap_blocks_batch.default
+PLAN = torch.ops.kvswap_test.plan_swap_blocks_batch.default
 BLOCK = 256
 
 
@@ -356,7 +356,7 @@ def test_regions_nested_in_each_other_and_descriptors_spanning_two_are_refused()
 
 
 def test_regions_are_weak_and_can_be_unregistered():
-    labels = torch.ops.kvswap._region_labels
+    labels = torch.ops.kvswap_test.region_labels
     t = torch.zeros(16, dtype=torch.uint8)
     region = torch_kvswap.register_region(t, label="short-lived")
     assert "host:short-lived" in labels()

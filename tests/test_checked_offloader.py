@@ -222,7 +222,7 @@ def test_check_none_follows_the_mode_at_construction():
 def test_the_offloader_registers_its_caches_and_mirrors_and_drops_them_with_itself():
     import gc
 
-    labels = torch.ops.kvswap._region_labels
+    labels = torch.ops.kvswap_test.region_labels
     off = make(check=False)
     names = [lab for lab in labels() if "cache" in lab or "mirror" in lab]
     assert names.count("device:device cache 0") >= 1 and "host:host mirror 1" in labels()

@@ -81,7 +81,7 @@ def test_after_the_storage_is_resized_to_nothing_its_old_bytes_are_refused(sourc
             r"of them now",
         ):
             to_device(source, old)
-        assert "device:cache" not in torch.ops.kvswap._region_labels()
+        assert "device:cache" not in torch.ops.kvswap_test.region_labels()
         cache.untyped_storage().resize_(8 * BLOCK)
         cache.zero_()
         to_device(source, cache[7].data_ptr())
@@ -137,15 +137,15 @@ def test_the_offloaders_regions_follow_the_storages_of_its_caches_and_mirrors(so
 def table_work_of_an_offloader(num_tensors: int) -> int:
     """Region entries the table visits while an offloader over ``num_tensors``
     caches is built, checked once, and dropped."""
-    work = torch.ops.kvswap._region_table_work
+    work = torch.ops.kvswap_test.region_table_work
     tensors = [torch.zeros(2, 16, dtype=torch.uint8) for _ in range(num_tensors)]
     before = work()
     off = KVCacheOffloader(tensors, 16, 16, num_host_blocks=1, check=False)
-    assert len(torch.ops.kvswap._region_labels()) >= 2 * num_tensors  # one check
+    assert len(torch.ops.kvswap_test.region_labels()) >= 2 * num_tensors  # one check
     off.shutdown()
     del off
     gc.collect()
-    torch.ops.kvswap._region_labels()
+    torch.ops.kvswap_test.region_labels()
     return work() - before
 
 

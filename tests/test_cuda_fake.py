@@ -4,16 +4,17 @@
 as ``_C_cuda``, against the fake runtime of tests/fake_cuda/ (streams are
 queues that run at a sync or an event query; capture records, instantiates
 and replays; illegal calls fail and invalidate the capture as CUDA does). The
-fixture installs it under the CUDA key for one test and removes it after.
+fixture installs it in the core for CUDA devices for one test and removes it after.
 "CUDA" tensors are fake device memory; their bytes are read with
 ``host_view`` (stale until the stream that writes them has run).
 
 Reached here: the public tensor op ``swap_blocks`` (core routing included),
-``kvswap::_submit`` (the pointer op's engine call, redispatched to CUDA: the
-pointer op itself picks its device from torch's current accelerator, which a
-CPU build of torch does not have), ``_swap_blocks_kernel``,
-``_host_register``, ``_stream_capturing``. Not reached: KVCacheOffloader
-(its streams and events are torch's CUDA objects); docs/cuda.md.
+``_host_register``, and the engine's entries as the core calls them, through
+the test extension's ``kvswap_test`` ops: ``submit`` (the pointer op's engine
+call: the pointer op itself picks its device from torch's current
+accelerator, which a CPU build of torch does not have), ``copy_blocks``,
+``stream_capturing``, ``host_mapped``. Not reached: KVCacheOffloader (its
+streams and events are torch's CUDA objects); docs/cuda.md.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ except ImportError as exc:  # pragma: no cover - built by scripts/env.sh
     )
 
 F = torch.ops.kvswap_fake_cuda
-CUDA = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 GLOBAL, THREAD_LOCAL, RELAXED = 0, 1, 2  # cudaStreamCaptureMode
 
 
@@ -173,10 +173,10 @@ def test_capture_and_replay(fake, method, direction, id_place, block_bytes):
         assert cap.error == "cudaSuccess"  # refused before any illegal call
         return
     with captured(stream) as cap:
-        assert torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))
+        assert torch.ops.kvswap_test.stream_capturing("cuda", torch.device("cuda", 0))
         torch_kvswap.swap_blocks(src, dst, sid_t, did_t)
     assert cap.error == "cudaSuccess", cap.error
-    assert not torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))
+    assert not torch.ops.kvswap_test.stream_capturing("cuda", torch.device("cuda", 0))
     set_ids(sid_t, [4, 5])
     set_ids(did_t, [3, 2])
     replay_sid, replay_did = ([2, 3], [0, 1]) if id_place == "host" else ([4, 5], [3, 2])
@@ -221,7 +221,7 @@ def test_pageable_host_caches_take_the_dma_path_outside_capture(fake):
 @pytest.mark.parametrize("capture", [False, True])
 @pytest.mark.parametrize("legacy", [False, True])
 def test_pointer_op_engine_call(fake, direction, capture, legacy):
-    """`_submit` as the pointer op calls it: batch on a side stream, per descriptor on the
+    """The engine's submit as the pointer op calls it: batch on a side stream, per descriptor on the
     legacy stream and under capture; a replay repeats the captured addresses."""
     stream = 0 if legacy else side_stream()
     src_where, dst_where = list(DIRECTIONS.values())[direction]
@@ -234,9 +234,7 @@ def test_pointer_op_engine_call(fake, direction, capture, legacy):
     sizes = torch.tensor([4096, 4096])
 
     def submit():
-        torch.ops.kvswap._submit.default.redispatch(
-            CUDA, sp, dp, sizes, direction, 8192, torch.device("cuda", 0)
-        )
+        torch.ops.kvswap_test.submit("cuda", sp, dp, sizes, direction, 8192, torch.device("cuda", 0))
 
     if capture and legacy:
         return  # the legacy stream cannot capture
@@ -262,8 +260,8 @@ def test_pointer_op_on_pageable_memory_under_capture_is_the_runtimes_error(fake)
     dst = torch.zeros(4096, dtype=torch.uint8)
     with captured(stream) as cap:
         with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureUnsupported"):
-            torch.ops.kvswap._submit.default.redispatch(
-                CUDA,
+            torch.ops.kvswap_test.submit(
+                "cuda",
                 torch.tensor([src.data_ptr()]),
                 torch.tensor([dst.data_ptr()]),
                 torch.tensor([4096]),
@@ -695,10 +693,10 @@ def test_host_register_pins_in_place_and_releases(fake):
     buffer = torch.zeros(1 << 16, dtype=torch.uint8)
     dev = torch.device("cuda", 0)
 
-    class Ops:  # _host_mapped of CPU tensors, as the core asks it: under the CUDA key
+    class Ops:  # host_mapped of CPU tensors, as the core asks the engine
         @staticmethod
         def _host_mapped(tensors, device):
-            return torch.ops.kvswap._host_mapped.default.redispatch(CUDA, tensors, device)
+            return torch.ops.kvswap_test.host_mapped("cuda", tensors, device)
 
         _host_register = torch.ops.kvswap._host_register
 
@@ -719,19 +717,17 @@ def test_engine_argument_checks(fake):
     dev = caches(2048, 4, "device", pairs=1)
     host = caches(2048, 4, "pinned", pairs=1)
     with pytest.raises(RuntimeError, match="device index 70 out of range"):
-        torch.ops.kvswap._stream_capturing(torch.device("cuda", 70))
-    kernel = torch.ops.kvswap._swap_blocks_kernel.default
+        torch.ops.kvswap_test.stream_capturing("cuda", torch.device("cuda", 70))
+    kernel = torch.ops.kvswap_test.copy_blocks
     with pytest.raises(ValueError, match="no cache tensor is on a CUDA device"):
-        kernel.redispatch(CUDA, host, host, torch.tensor([0]), torch.tensor([1]))
+        kernel("cuda", host, host, torch.tensor([0]), torch.tensor([1]))
     with pytest.raises(ValueError, match="cannot index caches on cuda:0"):
-        kernel.redispatch(CUDA, dev, host, placed_ids([0], "device", device=1), torch.tensor([1]))
+        kernel("cuda", dev, host, placed_ids([0], "device", device=1), torch.tensor([1]))
     with pytest.raises(ValueError, match="contiguous 1-D int64"):
-        kernel.redispatch(CUDA, dev, host, torch.tensor([0.0]), torch.tensor([1]))
+        kernel("cuda", dev, host, torch.tensor([0.0]), torch.tensor([1]))
     with pytest.raises(ValueError, match="differ in length"):
-        kernel.redispatch(CUDA, dev, host, torch.tensor([0, 1]), torch.tensor([1]))
-    kernel.redispatch(
-        CUDA, dev, host, torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)
-    )
+        kernel("cuda", dev, host, torch.tensor([0, 1]), torch.tensor([1]))
+    kernel("cuda", dev, host, torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64))
     assert F.launches() == []
 
 
@@ -980,9 +976,7 @@ def test_after_a_sticky_error_every_call_answers_it(fake):
     (dev,) = caches(2048, 4, "device", pairs=1, seed=43)
     pageable = torch.zeros(4, 2048, dtype=torch.uint8)
     # The kernel on pageable memory (the core would refuse it): an illegal address when it runs.
-    torch.ops.kvswap._swap_blocks_kernel.default.redispatch(
-        CUDA, [dev], [pageable], torch.tensor([0]), torch.tensor([1])
-    )
+    torch.ops.kvswap_test.copy_blocks("cuda", [dev], [pageable], torch.tensor([0]), torch.tensor([1]))
     assert F.synchronize(stream) == "cudaErrorIllegalAddress"
     assert F.violations() == ["kernel: touched memory the device cannot address"]
     assert F.last_error(False) == "cudaErrorIllegalAddress"
@@ -996,13 +990,13 @@ def test_after_a_sticky_error_every_call_answers_it(fake):
             r"cudaErrorIllegalAddress",
         ):
             torch_kvswap.swap_blocks([dev], [pinned], torch.tensor([0]), torch.tensor([1]))
-    kernel = torch.ops.kvswap._swap_blocks_kernel.default
+    kernel = torch.ops.kvswap_test.copy_blocks
     with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. launching the block copy kernel"):
-        kernel.redispatch(CUDA, [dev], [pinned], torch.tensor([0]), torch.tensor([1]))
+        kernel("cuda", [dev], [pinned], torch.tensor([0]), torch.tensor([1]))
     F.set_stream(0, 0)  # the legacy stream: per descriptor
     with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. descriptor 0: "):
-        torch.ops.kvswap._submit.default.redispatch(
-            CUDA,
+        torch.ops.kvswap_test.submit(
+            "cuda",
             torch.tensor([dev.data_ptr()]),
             torch.tensor([pinned.data_ptr()]),
             torch.tensor([2048]),
@@ -1013,7 +1007,7 @@ def test_after_a_sticky_error_every_call_answers_it(fake):
     with pytest.raises(
         RuntimeError, match=r"cudaPointerGetAttributes failed: cudaErrorIllegalAddress.* is mapped for cuda:0"
     ):
-        torch.ops.kvswap._host_mapped.default.redispatch(CUDA, [pinned], torch.device("cuda", 0))
+        torch.ops.kvswap_test.host_mapped("cuda", [pinned], torch.device("cuda", 0))
     with pytest.raises(RuntimeError, match=r"cudaErrorIllegalAddress.*\. pinning 4096 host bytes"):
         torch.ops.kvswap._host_register(torch.zeros(4096, dtype=torch.uint8), torch.device("cuda", 0), True)
     assert F.synchronize(stream) == "cudaErrorIllegalAddress"
@@ -1027,7 +1021,9 @@ def test_an_invalidated_capture_answers_901_to_further_work(fake):
     dst = caches(2048, 4, "device", pairs=1, seed=46)
     with captured(stream) as cap:
         assert F.synchronize(stream) == "cudaErrorStreamCaptureUnsupported"  # sync: illegal, invalidates
-        assert torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))  # still inside the capture
+        assert torch.ops.kvswap_test.stream_capturing(
+            "cuda", torch.device("cuda", 0)
+        )  # still inside the capture
         with pytest.raises(
             RuntimeError,
             match=r"cudaErrorStreamCaptureInvalidated.*\. "
@@ -1035,8 +1031,8 @@ def test_an_invalidated_capture_answers_901_to_further_work(fake):
         ):
             torch_kvswap.swap_blocks(src, dst, torch.tensor([0]), torch.tensor([1]))
         with pytest.raises(RuntimeError, match=r"cudaErrorStreamCaptureInvalidated.*\. descriptor 0: "):
-            torch.ops.kvswap._submit.default.redispatch(
-                CUDA,
+            torch.ops.kvswap_test.submit(
+                "cuda",
                 torch.tensor([src[0].data_ptr()]),
                 torch.tensor([dst[0].data_ptr()]),
                 torch.tensor([2048]),
@@ -1193,7 +1189,7 @@ def test_fake_rule_the_legacy_stream_while_a_blocking_stream_captures(fake):
     pinned = F.pinned_copy(torch.zeros(64, dtype=torch.uint8))
     with captured(blocking) as cap:
         with pytest.raises(RuntimeError, match="cudaErrorStreamCaptureImplicit"):
-            torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))  # torch's stream: legacy
+            torch.ops.kvswap_test.stream_capturing("cuda", torch.device("cuda", 0))  # torch's stream: legacy
     assert cap.error == "cudaSuccess"  # asking does not invalidate
     with captured(blocking) as cap:
         assert F.memcpy_on(dev.data_ptr(), pinned.data_ptr(), 64, 1, 0) == "cudaErrorStreamCaptureImplicit"
@@ -1285,7 +1281,7 @@ def test_fake_rule_unknown_handles_are_invalid(fake):
     assert F.event_query(0) == "cudaErrorInvalidResourceHandle"
     F.set_stream(0, BOGUS)  # torch's current stream, as the engine sees it
     with pytest.raises(RuntimeError, match="cudaErrorInvalidResourceHandle"):
-        torch.ops.kvswap._stream_capturing(torch.device("cuda", 0))
+        torch.ops.kvswap_test.stream_capturing("cuda", torch.device("cuda", 0))
     assert F.last_error(False) == "cudaSuccess"  # the engine cleared it
 
 
@@ -1430,8 +1426,8 @@ DEV0 = torch.device("cuda", 0)
 
 
 def host_mapped(tensors):
-    """`_host_mapped` of CPU tensors as the core asks it: under the CUDA key."""
-    return torch.ops.kvswap._host_mapped.default.redispatch(CUDA, tensors, DEV0)
+    """The engine's host_mapped of CPU tensors, as the core asks it."""
+    return torch.ops.kvswap_test.host_mapped("cuda", tensors, DEV0)
 
 
 def page_aligned(nbytes):
@@ -1555,7 +1551,7 @@ def test_an_invalid_device_is_the_runtimes_error(fake):
     """cudaSetDevice answers cudaErrorInvalidDevice for an ordinal that is no device; torch's
     guard raises it."""
     with pytest.raises(RuntimeError, match="cudaErrorInvalidDevice"):
-        torch.ops.kvswap._stream_capturing(torch.device("cuda", 2))  # two devices
+        torch.ops.kvswap_test.stream_capturing("cuda", torch.device("cuda", 2))  # two devices
     with pytest.raises(RuntimeError, match="cudaErrorInvalidDevice"):
         F.set_device(-1)
     assert F.current_device() == 0
@@ -1787,9 +1783,7 @@ def scatter(n, block=16, seed=0):
 
 def submit(table):
     sp, dp, sizes = table
-    torch.ops.kvswap._submit.default.redispatch(
-        CUDA, sp, dp, sizes, 0, int(sizes.sum()), torch.device("cuda", 0)
-    )
+    torch.ops.kvswap_test.submit("cuda", sp, dp, sizes, 0, int(sizes.sum()), torch.device("cuda", 0))
 
 
 def batch_sizes():

@@ -140,8 +140,8 @@ def test_bench_without_index_has_no_speedup_column(tmp_path, capsys):
 
 def test_the_demo_names_the_engine_whose_kernel_received_every_byte(capsys, monkeypatch):
     # A CUDA build of torch with no GPU loads the CUDA engine, yet every copy
-    # is between host tensors: the host engine's kernel (CPU key, recorded
-    # here) receives them all, and that is the engine the demo must name.
+    # is between host tensors: the host engine (recorded here) receives them
+    # all, and that is the engine the demo must name.
     monkeypatch.setitem(torch_kvswap.ENGINES, "cuda", True)
     with engine_spy("CPU") as calls:
         assert demo.main(["--layers", "2", "--cache-gib", "0.02", "--jobs", "2", "--device", "cpu"]) == 0
@@ -158,11 +158,19 @@ def test_the_demo_names_the_engine_whose_kernel_received_every_byte(capsys, monk
     assert "engines loaded" not in out
 
 
-def test_engine_for_a_device_is_the_one_the_dispatcher_holds_a_kernel_of():
+def test_engine_for_a_device_is_the_one_the_core_holds_for_its_type():
     assert _loader.engine_for("cpu") == "host"
-    has_cuda = torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_submit", "CUDA")
+    has_cuda = "cuda" in torch.ops.kvswap._engines()
     assert _loader.engine_for("cuda") == ("cuda" if has_cuda else None)
     assert _loader.engine_for("meta") is None
+
+
+def test_engine_for_follows_the_engine_the_core_holds():
+    # Installing an engine for the stand-in device is what makes it served.
+    assert _loader.engine_for("privateuseone") is None
+    with engine_spy("PrivateUse1"):
+        assert _loader.engine_for("privateuseone") == "npu"
+    assert _loader.engine_for("privateuseone") is None
 
 
 # -------------------------------------------------------------- help (the demo's options: test_demo_usage.py)

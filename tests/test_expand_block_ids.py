@@ -80,7 +80,7 @@ def test_opcheck(factor, skip):
 
 # The accelerator path (ATen tensor ops), served on the CPU as
 # kvswap::_expand_block_ids_aten so that its values are checked here too.
-ATEN_PATH = torch.ops.kvswap._expand_block_ids_aten.default
+ATEN_PATH = torch.ops.kvswap_test.expand_block_ids_aten.default
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,8 +1,9 @@
 """What the core hands an engine, seen through a recording engine (tests/fake_device.py).
 
 These run on any machine: accelerator caches are stand-ins on
-``privateuseone`` whose memory is host memory, and the engine is a Python
-kernel of ``kvswap::_submit`` that records each call and copies with memmove.
+``privateuseone`` whose memory is host memory, and the engine is a recording
+engine installed in the core (the test extension's) that records each call
+and copies with memmove.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def test_engines_validate_the_direction_they_are_handed():
         match=r"direction must be 0 \(host_to_device\), 1 "
         r"\(device_to_host\) or 2 \(device_to_device\), got 3",
     ):
-        torch.ops.kvswap._submit(
-            ids([src.data_ptr()]), ids([dst.data_ptr()]), ids([16]), 3, 16, torch.device("cpu")
+        torch.ops.kvswap_test.submit(
+            "cpu", ids([src.data_ptr()]), ids([dst.data_ptr()]), ids([16]), 3, 16, torch.device("cpu")
         )
     assert torch.equal(dst, torch.zeros(16, dtype=torch.uint8))

@@ -16,14 +16,14 @@ import torch
 from torch_kvswap.offloader import caches, host_memory
 from torch_kvswap.offloader.host_memory import PAGE, HostMemory
 
-from test_cuda_fake import CUDA, F, fake  # noqa: F401 - the fixture; skips where the fake is not built
+from test_cuda_fake import F, fake  # noqa: F401 - the fixture; skips where the fake is not built
 
 DEV = torch.device("cuda", 0)
 
 
 def mapped(t: torch.Tensor) -> bool:
     """Whether the engine calls every byte of ``t`` page-locked and mapped."""
-    return torch.ops.kvswap._host_mapped.default.redispatch(CUDA, [t], DEV)
+    return torch.ops.kvswap_test.host_mapped("cuda", [t], DEV)
 
 
 @pytest.mark.parametrize("nbytes", [PAGE - 1, PAGE, PAGE + 1, 3 * PAGE + 100])

@@ -1,7 +1,7 @@
 """Every malformed call raises a clear error naming the argument; none crashes.
 
 Each call runs in a child process, so a crash fails its own test instead of
-ending the run. The dry runs (_plan_swap_blocks, _plan_swap_blocks_batch)
+ending the run. The dry runs (_plan_swap_blocks, kvswap_test.plan_swap_blocks_batch)
 refuse every malformed call exactly as the ops do.
 """
 

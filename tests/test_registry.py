@@ -30,8 +30,40 @@ def takes_tensors(qualname: str) -> bool:
     return any("Tensor" in str(a.type) for a in schema.arguments)
 
 
+#: The private ops of the `kvswap` namespace: each one the package's Python
+#: calls. Engines register none (they install a table in the core) and the
+#: ops only tests use are the test extension's (`kvswap_test`).
+PRIVATE = [
+    "kvswap::_engine_report",
+    "kvswap::_engines",
+    "kvswap::_get_checked",
+    "kvswap::_get_copy_method",
+    "kvswap::_host_register",
+    "kvswap::_plan_swap_blocks",
+    "kvswap::_register_region",
+    "kvswap::_set_checked",
+    "kvswap::_set_copy_method",
+    "kvswap::_unregister_region",
+]
+
+
 def test_public_ops_are_registered():
     assert set(PUBLIC) <= set(kvswap_ops())
+
+
+def test_the_namespace_holds_the_public_ops_and_what_the_package_calls():
+    assert kvswap_ops() == sorted(PUBLIC + PRIVATE)
+
+
+@pytest.mark.parametrize("qualname", PRIVATE)
+def test_every_private_op_is_called_by_the_package(qualname):
+    from pathlib import Path
+
+    package = Path(torch_kvswap.__file__).parent
+    # fake_kernels.py names every op it fakes; that is not a call.
+    sources = [p for p in package.rglob("*.py") if p.name != "fake_kernels.py"]
+    call = f"torch.ops.kvswap.{qualname.split('::')[1]}("
+    assert any(call in p.read_text() for p in sources), qualname
 
 
 @pytest.mark.parametrize("qualname", kvswap_ops())
@@ -61,11 +93,14 @@ def test_pointer_op_marks_no_argument_mutated():
 
 
 @pytest.mark.parametrize(
-    "qualname",
-    ["kvswap::swap_blocks", "kvswap::swap_blocks_batch", "kvswap::expand_block_ids", "kvswap::_submit"],
+    "qualname", ["kvswap::swap_blocks", "kvswap::swap_blocks_batch", "kvswap::expand_block_ids"]
 )
 def test_host_kernels_are_registered(qualname):
     assert torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CPU")
+
+
+def test_the_host_engine_serves_the_cpu_from_the_start():
+    assert "cpu" in torch.ops.kvswap._engines()
 
 
 def test_engines_report_what_loaded():
@@ -130,7 +165,7 @@ def test_host_copies_ignore_the_copy_method():
 def test_pinning_host_memory_needs_an_accelerator_engine():
     with pytest.raises(NotImplementedError, match="device must be an accelerator"):
         torch.ops.kvswap._host_register(torch.zeros(16, dtype=torch.uint8), torch.device("cpu"), True)
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_host_register", "CUDA"):
+    if "cuda" not in torch.ops.kvswap._engines():
         with pytest.raises(NotImplementedError, match="no engine for cuda:0"):
             torch.ops.kvswap._host_register(torch.zeros(16, dtype=torch.uint8), torch.device("cuda", 0), True)
 

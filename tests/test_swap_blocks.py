@@ -251,7 +251,7 @@ def test_host_engine_works_in_a_forked_child(capfd):
     threads = torch.get_num_threads()
     torch.set_num_threads(max(2, threads))
     try:
-        assert torch.ops.kvswap._host_copy_plan(2 << 20)[1] > 1  # the parent splits 2 MiB
+        assert torch.ops.kvswap_test.host_copy_plan(2 << 20)[1] > 1  # the parent splits 2 MiB
         torch_kvswap.swap_blocks(src, dst, fwd, rev)  # starts the OpenMP threads in the parent
         status = _run_in_forked_child(src, out, fwd, capfd)
     finally:
@@ -281,7 +281,7 @@ def _run_in_forked_child(src, out, ids, capfd) -> int:
     if pid == 0:  # child
         code = 1
         try:
-            if torch.ops.kvswap._host_copy_plan(2 << 20)[1] != 1:
+            if torch.ops.kvswap_test.host_copy_plan(2 << 20)[1] != 1:
                 os.write(2, b"forked child: the engine would copy on the OpenMP threads\n")
                 code = 3
             else:

@@ -2,12 +2,12 @@
 
 The core ``_C`` holds every schema, the validation and the host engine; without
 it the package cannot work, so a missing build is an ImportError that says how
-to build. Each accelerator engine is a separate extension that registers its
-kernels for its dispatch key: ``kvswap::_submit`` and the few others an engine
-provides (host registration, capture query, report; five kernels for the
-Ascend engine, six for CUDA). A missing or broken engine
-never breaks the import: it is recorded in :data:`ENGINE_ERRORS` and the ops
-raise a clear error only when a copy actually needs that engine.
+to build. Each accelerator engine is a separate extension that, when
+imported, installs its table of functions (csrc/kvswap.h, EngineInterface:
+submit, capture query, host registration, report, ...) in the core for its
+device type. A missing or broken engine never breaks the import: it is
+recorded in :data:`ENGINE_ERRORS` and the ops raise a clear error only when a
+copy actually needs that engine.
 """
 
 from __future__ import annotations
@@ -150,12 +150,11 @@ def _load_optional(module: str, prerequisite: str | None, recorded: dict | None 
     return True
 
 
-#: Engine key -> (name as reports print it, its extension, the dispatch key its
-#: ``kvswap::_submit`` kernel is registered under).
+#: Engine key -> (name as reports print it, its extension).
 ENGINE_NAMES = {
-    "host": ("host engine", "torch_kvswap._C", "CPU"),
-    "cuda": ("CUDA engine", "torch_kvswap._C_cuda", "CUDA"),
-    "npu": ("Ascend engine", "torch_kvswap._C_npu", "PrivateUse1"),
+    "host": ("host engine", "torch_kvswap._C"),
+    "cuda": ("CUDA engine", "torch_kvswap._C_cuda"),
+    "npu": ("Ascend engine", "torch_kvswap._C_npu"),
 }
 
 #: Which engine a copy goes to, by the device type of its accelerator tensor
@@ -167,14 +166,15 @@ _ENGINE_OF_DEVICE_TYPE = {"cpu": "host", "cuda": "cuda", "npu": "npu", "privateu
 def engine_for(device: torch.device | str) -> str | None:
     """The engine (a key of :data:`ENGINE_NAMES`) that moves the bytes of a
     copy on ``device``, or None when no engine serves it (the copy would
-    raise). This is the engine the dispatcher holds a kernel of, not merely
-    an extension that loaded: a CUDA engine loaded on a machine with no GPU
-    moves nothing, as every copy there is between host tensors."""
+    raise). This is the engine the core holds for that device type
+    (``kvswap::_engines``), not merely an extension that loaded: a CUDA
+    engine loaded on a machine with no GPU moves nothing, as every copy
+    there is between host tensors."""
     key = _ENGINE_OF_DEVICE_TYPE.get(torch.device(device).type)
     if key is None:
         return None
-    dispatch_key = ENGINE_NAMES[key][2]
-    return key if torch._C._dispatch_has_kernel_for_dispatch_key("kvswap::_submit", dispatch_key) else None
+    served = {_ENGINE_OF_DEVICE_TYPE.get(t) for t in torch.ops.kvswap._engines()}
+    return key if key in served else None
 
 
 def load_engines() -> dict[str, bool]:

@@ -153,7 +153,6 @@ def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
     )
 
 
-@torch.library.register_fake("kvswap::_expand_block_ids_aten")
 @torch.library.register_fake("kvswap::expand_block_ids")
 def _expand_block_ids_fake(block_ids, block_size_factor, skip_count=0):
     torch._check(block_ids.dtype == torch.int64, lambda: f"block_ids must be int64, got {block_ids.dtype}")
@@ -169,32 +168,9 @@ def _expand_block_ids_fake(block_ids, block_size_factor, skip_count=0):
     return block_ids.new_empty((length,))
 
 
-@torch.library.register_fake("kvswap::_submit")
-def _submit_fake(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device):
-    return None
-
-
-@torch.library.register_fake("kvswap::_swap_blocks_kernel")
-def _swap_blocks_kernel_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
-    return None
-
-
 @torch.library.register_fake("kvswap::_host_register")
 def _host_register_fake(buffer, device, pin):
     return None
-
-
-@torch.library.register_fake("kvswap::_host_pinned")
-def _host_pinned_fake(buffer, device):
-    # Only the core asks, in eager mode, before an Ascend copy; never traced.
-    return True
-
-
-@torch.library.register_fake("kvswap::_host_mapped")
-def _host_mapped_fake(tensors, device):
-    # Asked by the core inside swap_blocks, never traced; the fake cannot
-    # know what memory a real tensor will occupy.
-    return False
 
 
 @torch.library.register_fake("kvswap::_register_region")
@@ -217,10 +193,4 @@ def _plan_fake():
 @torch.library.register_fake("kvswap::_plan_swap_blocks")
 def _plan_swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
     _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids)
-    return _plan_fake()
-
-
-@torch.library.register_fake("kvswap::_plan_swap_blocks_batch")
-def _plan_swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction):
-    _swap_blocks_batch_fake(src_ptrs, dst_ptrs, sizes, direction)
     return _plan_fake()

@@ -35,7 +35,7 @@
 #include "acl_api.h"
 #include "ascend_engine.h"
 
-KVSWAP_PYTHON_MODULE(_C_npu)
+KVSWAP_ENGINE_MODULE(_C_npu, c10::DeviceType::PrivateUse1, kvswap::ascend::engine_interface())
 
 namespace kvswap {
 namespace ascend {

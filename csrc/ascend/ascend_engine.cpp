@@ -1,6 +1,6 @@
-// The Ascend engine: serves `kvswap::_submit`, `_stream_capturing`,
-// `_host_register` and `_host_pinned` under the PrivateUse1 key (torch_npu's
-// backend), copying on the current NPU stream under a device guard. All ACL
+// The Ascend engine: its EngineInterface (submit, the capture and pinning
+// queries, in-place pinning, the report) serves the PrivateUse1 backend
+// (torch_npu's), copying on the current NPU stream under a device guard. All ACL
 // calls go through the table of acl_api.h; this file includes no ACL header
 // and links nothing of torch_npu.
 //
@@ -30,7 +30,6 @@
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <sstream>
@@ -445,13 +444,20 @@ bool host_pinned_kernel(const at::Tensor& buffer, c10::Device device) {
 std::vector<std::string> engine_report_kernel(c10::Device device) { return engine().report(device); }
 
 }  // namespace
+
+const EngineInterface& engine_interface() {
+  static const EngineInterface table{
+      /*name=*/"Ascend engine (torch_kvswap._C_npu)",
+      /*submit=*/&submit_kernel,
+      /*stream_capturing=*/&stream_capturing_kernel,
+      /*host_register=*/&host_register_kernel,
+      /*host_pinned=*/&host_pinned_kernel,
+      /*host_mapped=*/nullptr,  // no copy kernel: nothing needs host memory mapped
+      /*report=*/&engine_report_kernel,
+      /*copy_blocks=*/nullptr,
+  };
+  return table;
+}
+
 }  // namespace ascend
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) {
-  m.impl("_submit", &kvswap::ascend::submit_kernel);
-  m.impl("_stream_capturing", &kvswap::ascend::stream_capturing_kernel);
-  m.impl("_host_register", &kvswap::ascend::host_register_kernel);
-  m.impl("_host_pinned", &kvswap::ascend::host_pinned_kernel);
-  m.impl("_engine_report", &kvswap::ascend::engine_report_kernel);
-}

@@ -73,15 +73,15 @@ class Engine {
  public:
   explicit Engine(const AclApi& api) : api_(api) {}
 
-  // kvswap::_submit: queues `batch` on the current stream of `device`.
+  // EngineInterface::submit: queues `batch` on the current stream of `device`.
   void submit(const CopyBatch& batch, c10::Device device);
-  // kvswap::_stream_capturing.
+  // EngineInterface::stream_capturing.
   bool stream_capturing(c10::Device device);
-  // kvswap::_host_register: page-locks (or releases) `buffer` in place.
+  // EngineInterface::host_register: page-locks (or releases) `buffer` in place.
   void host_register(const at::Tensor& buffer, c10::Device device, bool pin);
-  // kvswap::_host_pinned: whether `buffer`'s storage is page-locked.
+  // EngineInterface::host_pinned: whether `buffer`'s storage is page-locked.
   bool host_pinned(const at::Tensor& buffer, c10::Device device);
-  // kvswap::_engine_report: which optional ACL functions this CANN has and
+  // EngineInterface::report: which optional ACL functions this CANN has and
   // what the engine does with them on `device` ("name=value" lines).
   std::vector<std::string> report(c10::Device device);
 
@@ -128,6 +128,10 @@ class Engine {
 // The engine the kernels call. Defined by the binding: acl_real.cpp in
 // _C_npu, the fake runtime in the test extension.
 Engine& engine();
+
+// The engine's table for the core (kvswap.h), over engine(). The binding
+// installs it when its module is imported.
+const EngineInterface& engine_interface();
 
 // The ACL stream behind `stream`, a stream of torch_npu's backend, or null
 // when torch_npu gives none. Defined by the binding too: which torch_npu call

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 #include <c10/util/llvmMathExtras.h>
 
@@ -20,23 +19,34 @@
 #include "../kvswap.h"
 
 namespace kvswap {
+
+// The host engine (csrc/host/host_engine.cpp), part of the core's library:
+// it serves the CPU from the start.
+namespace host_engine {
+const EngineInterface& engine_interface();
+// How it would copy a batch of `total_bytes` bytes from this thread now: the
+// copy routine and how many parts the bytes are split into (test hook).
+std::tuple<std::string, int64_t> copy_plan(int64_t total_bytes);
+}  // namespace host_engine
+
 namespace core {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 // --- engines.cpp: engine lookup, descriptor tables, submission ---------------
 
-// The dispatch key of the engine that serves `type`; NotImplementedError for
-// a device type without one.
-c10::DispatchKey engine_key(c10::DeviceType type);
+// The registry the core module exports to engines (python_module.h).
+extern const EngineRegistry kRegistry;
 
-// The dispatch key set that reaches `device`'s engine kernel of `op`, or a
-// NotImplementedError saying which engine is missing and how to get it.
-c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device, const char* purpose);
+// The engine that serves `type` now, or null.
+const EngineInterface* engine_of(c10::DeviceType type);
 
-// Whether the current stream of `device` is being captured into a graph,
-// as its engine reports through `kvswap::_stream_capturing`. The host, and
-// an engine that does not serve the query, never capture.
+// The engine of `device`, or a NotImplementedError saying which engine is
+// missing for `purpose` and how to get it.
+const EngineInterface& engine_for(c10::Device device, const char* purpose);
+
+// Whether the current stream of `device` is being captured into a graph, as
+// its engine reports. The host, and an engine without the query, never capture.
 bool stream_capturing(c10::Device device);
 
 // Descriptor tables are recycled: a table is taken from this pool and goes
@@ -94,7 +104,7 @@ class TablePool {
   size_t cached_bytes_ = 0;
 };
 
-// Descriptors in the layout `_submit` takes: one [3, n] int64 CPU tensor whose
+// Descriptors in the layout EngineInterface::submit takes: one [3, n] int64 CPU tensor whose
 // rows are the source addresses, destination addresses and byte counts.
 struct Descriptors {
   at::Tensor table;
@@ -195,7 +205,7 @@ std::optional<c10::Device> common_device(at::TensorList caches, const char* list
 std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList dst_caches);
 
 // Every host tensor of `src_caches` and `dst_caches` lies in page-locked
-// memory, as the engine of `device` sees it (kvswap::_host_pinned); a
+// memory, as the engine of `device` sees it (EngineInterface::host_pinned); a
 // ValueError names the first that does not and says how to pin it.
 void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device);
 

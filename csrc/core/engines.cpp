@@ -1,9 +1,8 @@
-// Engine lookup and submission: the core's only way to an engine is the
-// dispatcher. Each engine registers `kvswap::_submit` (and the optional
-// `_stream_capturing`, `_host_register`, `_host_pinned`, `_swap_blocks_kernel`)
-// under its own dispatch key; a missing engine is a clear error, never a
-// loader failure. After a copy, the host allocator of the device learns the
-// stream that uses host memory (record_host_use).
+// The engine registry and the calls into engines: the core's only way to an
+// engine is the table it installed (kvswap.h, EngineInterface), one per device
+// type; a missing engine, or an entry an engine does not have, is a clear
+// error, never a loader failure. After a copy, the host allocator of the
+// device learns the stream that uses host memory (record_host_use).
 // GCC warns that the header's alignas(hardware_destructive_interference_size)
 // may change between compilers (-Winterference-size); the engines only call
 // the allocator's virtual interface.
@@ -15,9 +14,10 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <array>
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -26,14 +26,20 @@
 namespace kvswap {
 namespace core {
 
-c10::DispatchKey engine_key(c10::DeviceType type) {
+namespace {
+
+// The engines' slots: the host engine (CPU), CUDA, and the PrivateUse1
+// backend (Ascend). Read on every call, written when an engine loads.
+std::array<std::atomic<const EngineInterface*>, 3> g_engines{};
+
+std::atomic<const EngineInterface*>& slot(c10::DeviceType type) {
   switch (type) {
     case c10::DeviceType::CPU:
-      return c10::DispatchKey::CPU;
+      return g_engines[0];
     case c10::DeviceType::CUDA:
-      return c10::DispatchKey::CUDA;
+      return g_engines[1];
     case c10::DeviceType::PrivateUse1:
-      return c10::DispatchKey::PrivateUse1;
+      return g_engines[2];
     default:
       TORCH_CHECK_NOT_IMPLEMENTED(false, "kvswap has no engine for device type ", type,
                                   "; supported: cpu (host engine), cuda, and the PrivateUse1 "
@@ -41,7 +47,6 @@ c10::DispatchKey engine_key(c10::DeviceType type) {
   }
 }
 
-namespace {
 const char* engine_hint(c10::DeviceType type) {
   switch (type) {
     case c10::DeviceType::CUDA:
@@ -55,26 +60,37 @@ const char* engine_hint(c10::DeviceType type) {
   }
 }
 
+const EngineInterface* install(c10::DeviceType type, const EngineInterface* engine) {
+  TORCH_CHECK_VALUE(engine == nullptr || engine->submit != nullptr, "kvswap: the engine ", engine->name,
+                    " has no submit");
+  return slot(type).exchange(engine, std::memory_order_acq_rel);
+}
+
 }  // namespace
 
-c10::DispatchKeySet engine_for(const c10::OperatorHandle& op, c10::Device device, const char* purpose) {
-  const auto key = engine_key(device.type());
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: no engine for ", device, " ", purpose,
-                              ": ", engine_hint(device.type()));
-  return c10::DispatchKeySet(key);
+const EngineInterface* engine_of(c10::DeviceType type) { return slot(type).load(std::memory_order_acquire); }
+
+const EngineRegistry kRegistry{kEngineInterfaceVersion, &install, &engine_of};
+
+namespace {
+[[maybe_unused]] const bool g_host_installed =
+    (install(c10::DeviceType::CPU, &host_engine::engine_interface()), true);
+}  // namespace
+
+const EngineInterface& engine_for(c10::Device device, const char* purpose) {
+  const EngineInterface* engine = engine_of(device.type());
+  TORCH_CHECK_NOT_IMPLEMENTED(engine != nullptr, "kvswap: no engine for ", device, " ", purpose, ": ",
+                              engine_hint(device.type()));
+  return *engine;
 }
 
 void submit(const Descriptors& d, Direction direction, c10::Device device) {
   if (d.count == 0) {
     return;  // nothing to copy: no engine is needed, no stream is touched
   }
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_submit", "")
-                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                                         int64_t, c10::Device)>();
+  const EngineInterface& engine = engine_for(device, "to copy");
   auto [src, dst, size] = d.rows();
-  op.redispatch(engine_for(op, device, "to copy"), src, dst, size, static_cast<int64_t>(direction),
-                d.total_bytes, device);
+  engine.submit(src, dst, size, static_cast<int64_t>(direction), d.total_bytes, device);
 }
 
 void record_host_use(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device) {
@@ -96,42 +112,41 @@ void record_host_use(at::TensorList src_caches, at::TensorList dst_caches, c10::
 
 bool stream_capturing(c10::Device device) {
   if (device.is_cpu()) return false;
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_stream_capturing", "")
-                             .typed<bool(c10::Device)>();
-  const auto key = engine_key(device.type());
-  if (!op.hasKernelForDispatchKey(key)) return false;
-  return op.redispatch(c10::DispatchKeySet(key), device);
+  const EngineInterface* engine = engine_of(device.type());
+  return engine != nullptr && engine->stream_capturing != nullptr && engine->stream_capturing(device);
 }
 
-std::string direction_name_op(int64_t direction) { return direction_name(direction); }
-
 // Host-buffer pinning is the accelerator engine's business; the core only
-// checks the buffer and routes the call to the engine of `device`.
+// checks the buffer and hands it to the engine of `device`.
 void host_register(const at::Tensor& buffer, c10::Device device, bool pin) {
   TORCH_CHECK_VALUE(buffer.device().is_cpu(), "buffer must be a CPU tensor, got one on ", buffer.device());
   TORCH_CHECK_VALUE(buffer.is_contiguous(), "buffer must be contiguous");
   TORCH_CHECK_NOT_IMPLEMENTED(!device.is_cpu(), "device must be an accelerator; host memory ",
                               "needs no pinning for the host engine");
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_host_register", "")
-                             .typed<void(const at::Tensor&, c10::Device, bool)>();
-  op.redispatch(engine_for(op, device, "to pin host memory"), buffer, device, pin);
+  const EngineInterface& engine = engine_for(device, "to pin host memory");
+  TORCH_CHECK_NOT_IMPLEMENTED(engine.host_register != nullptr, "kvswap: the ", engine.name,
+                              " cannot pin host memory in place");
+  engine.host_register(buffer, device, pin);
 }
 
-bool stream_capturing_op(c10::Device device) { return stream_capturing(device); }
-
-// What the engine of `device` reports about it (python -m torch_kvswap); an
-// op with no tensor argument reaches the engine's key only through here.
+// What the engine of `device` reports about it (python -m torch_kvswap).
 std::vector<std::string> engine_report_op(c10::Device device) {
   TORCH_CHECK_VALUE(!device.is_cpu(), "device must be an accelerator, got ", device);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_engine_report", "")
-                             .typed<std::vector<std::string>(c10::Device)>();
-  const auto key = engine_key(device.type());
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(key), "kvswap: ", device,
+  const EngineInterface* engine = engine_of(device.type());
+  TORCH_CHECK_NOT_IMPLEMENTED(engine != nullptr, "kvswap: ", device,
                               " has no engine loaded, so there is nothing to report");
-  return op.redispatch(c10::DispatchKeySet(key), device);
+  if (engine->report == nullptr) return {};
+  return engine->report(device);
+}
+
+// The device types an engine serves now, as torch names them ("cpu",
+// "cuda", and the PrivateUse1 backend's name, "npu" under torch_npu).
+std::vector<std::string> engines_op() {
+  std::vector<std::string> out;
+  for (const auto type : {c10::DeviceType::CPU, c10::DeviceType::CUDA, c10::DeviceType::PrivateUse1}) {
+    if (engine_of(type) != nullptr) out.push_back(c10::DeviceTypeName(type, /*lower_case=*/true));
+  }
+  return out;
 }
 
 }  // namespace core

@@ -33,14 +33,13 @@ std::string get_copy_method();
 
 // --- expand_block_ids.cpp ------------------------------------------------------
 at::Tensor expand_block_ids(const at::Tensor& block_ids, int64_t factor, int64_t skip_count);
-// The ATen path of expand_block_ids on any device (`_expand_block_ids_aten`).
+// The ATen path of expand_block_ids on any device (a test hook).
 at::Tensor expand_with_tensor_ops(const at::Tensor& block_ids, int64_t factor, int64_t skip_count);
 
 // --- engines.cpp: the queries the core routes to an engine ---------------------
-std::string direction_name_op(int64_t direction);
 void host_register(const at::Tensor& buffer, c10::Device device, bool pin);
-bool stream_capturing_op(c10::Device device);
 std::vector<std::string> engine_report_op(c10::Device device);
+std::vector<std::string> engines_op();
 
 // --- checked.cpp: checked mode's switch and its region table -------------------
 void set_checked_mode(bool on);

@@ -188,27 +188,14 @@ std::string get_copy_method() {
 
 namespace {
 
-const c10::TypedOperatorHandle<void(at::TensorList, at::TensorList, const at::Tensor&, const at::Tensor&)>&
-kernel_path_op() {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("kvswap::_swap_blocks_kernel", "")
-          .typed<void(at::TensorList, at::TensorList, const at::Tensor&, const at::Tensor&)>();
-  return op;
-}
-
 // Whether the accelerator can address the host-side caches in place
-// (page-locked and mapped), as the engine answers through
-// `kvswap::_host_mapped`; nullopt where the engine does not answer. The
-// kernel reaches host memory only through such a mapping, and a capture may
-// record a DMA copy only of page-locked memory.
-std::optional<bool> host_side_mapped(at::TensorList src_caches, at::TensorList dst_caches,
-                                     c10::Device device) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_host_mapped", "")
-                             .typed<bool(at::TensorList, c10::Device)>();
-  const auto key = engine_key(device.type());
-  if (!op.hasKernelForDispatchKey(key)) return std::nullopt;
+// (page-locked and mapped), as the engine answers (EngineInterface::
+// host_mapped); nullopt where the engine does not answer. The kernel reaches
+// host memory only through such a mapping, and a capture may record a DMA
+// copy only of page-locked memory.
+std::optional<bool> host_side_mapped(const EngineInterface* engine, at::TensorList src_caches,
+                                     at::TensorList dst_caches, c10::Device device) {
+  if (engine == nullptr || engine->host_mapped == nullptr) return std::nullopt;
   std::vector<at::Tensor> host;
   for (const auto list : {src_caches, dst_caches}) {
     for (const auto& t : list) {
@@ -216,7 +203,7 @@ std::optional<bool> host_side_mapped(at::TensorList src_caches, at::TensorList d
     }
   }
   if (host.empty()) return true;
-  return op.redispatch(c10::DispatchKeySet(key), host, device);
+  return engine->host_mapped(host, device);
 }
 
 enum class Path { kDescriptors, kKernel };
@@ -239,9 +226,10 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
   const auto method = static_cast<CopyMethod>(g_copy_method.load());
   const bool host_ids = src_block_ids.device().is_cpu() && dst_block_ids.device().is_cpu();
   const bool capturing = stream_capturing(device);
+  const EngineInterface* engine = engine_of(device.type());
   std::optional<std::optional<bool>> mapped_answer;
   auto mapped = [&]() -> std::optional<bool> {
-    if (!mapped_answer) mapped_answer = host_side_mapped(src_caches, dst_caches, device);
+    if (!mapped_answer) mapped_answer = host_side_mapped(engine, src_caches, dst_caches, device);
     return *mapped_answer;
   };
   // A capture may record descriptors only of page-locked host memory.
@@ -251,7 +239,7 @@ Path choose_path(const BlockCopyRoute& route, at::TensorList src_caches, at::Ten
                       "no copy may touch during capture; pin the host caches (pin_memory=True, or "
                       "KVCacheOffloader's mirrors)");
   };
-  const bool kernel_available = kernel_path_op().hasKernelForDispatchKey(engine_key(device.type()));
+  const bool kernel_available = engine != nullptr && engine->copy_blocks != nullptr;
   if (method == CopyMethod::kKernel) {
     TORCH_CHECK_NOT_IMPLEMENTED(kernel_available, "copy method 'kernel' was requested but the engine for ",
                                 device, " has no kernel path; use 'auto' or 'dma'");
@@ -315,8 +303,7 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
       check_no_aliasing_pairs(pairs, "the block ids are on the device, where they are not read back");
     }
   });
-  kernel_path_op().redispatch(c10::DispatchKeySet(engine_key(device.type())), src_caches, dst_caches, sid,
-                              did);
+  engine_for(device, "to copy").copy_blocks(src_caches, dst_caches, sid, did);
 }
 
 }  // namespace
@@ -334,20 +321,19 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at:
     record_host_use(src_caches, dst_caches, route.device);
     return;
   }
-  // Ascend (PrivateUse1): host caches must be pinned (validation.cpp). On
-  // Ascend and CUDA the pinned allocator learns the copies' stream
-  // (engines.cpp), so that a pinned host tensor freed while its copy is
-  // queued is not handed out again before the copy has run.
-  const bool ascend = route.device.type() == c10::DeviceType::PrivateUse1;
+  // An engine that answers host_pinned (Ascend) needs pinned host caches
+  // (validation.cpp). On an accelerator the pinned allocator learns the
+  // copies' stream (engines.cpp), so that a pinned host tensor freed while
+  // its copy is queued is not handed out again before the copy has run.
+  const bool accelerator = !route.device.is_cpu();
   const auto descriptors = before_any_copy([&] {
     auto d = check_ids_and_build_descriptors(route, src_block_ids, dst_block_ids);
-    if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
+    if (accelerator && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
     return d;
   });
   if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   submit(descriptors, route.direction, route.device);
-  if (ascend) record_host_use(src_caches, dst_caches, route.device);
-  if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);
+  if (accelerator) record_host_use(src_caches, dst_caches, route.device);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks(at::TensorList src_caches,

@@ -1,9 +1,13 @@
-// Every kernel the core registers, by dispatch key (the schemas are in
-// csrc/registration.cpp; the kernels are declared in op_kernels.h). The
-// engines register theirs (`_submit`, ...) in their own files.
+// Every kernel of the `kvswap` ops, by dispatch key (the schemas are in
+// csrc/registration.cpp; the kernels are declared in op_kernels.h), and the
+// test extension's hooks (test_hooks.h). The
+// engines register no kernel: the core calls the EngineInterface each one
+// installed (engines.cpp).
 #include <torch/library.h>
 
+#include "core.h"
 #include "op_kernels.h"
+#include "test_hooks.h"
 
 namespace kvswap {
 namespace core {
@@ -21,6 +25,12 @@ void register_device_generic(torch::Library& m) {
 }
 
 }  // namespace
+
+const CoreTestHooks kTestHooks{
+    kEngineInterfaceVersion, &region_labels,          &region_table_work,
+    &host_engine::copy_plan, &plan_swap_blocks_batch, &expand_with_tensor_ops,
+};
+
 }  // namespace core
 }  // namespace kvswap
 
@@ -29,8 +39,7 @@ TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
   // The pointer op takes CPU descriptor tensors only; it copies on the
   // current accelerator (the host without one).
   m.impl("swap_blocks_batch", &kvswap::core::swap_blocks_batch);
-  m.impl("_plan_swap_blocks_batch", &kvswap::core::plan_swap_blocks_batch);
-  // The buffer is a CPU tensor; the core routes the call to the engine of
+  // The buffer is a CPU tensor; the core hands the call to the engine of
   // the device argument.
   m.impl("_host_register", &kvswap::core::host_register);
 }
@@ -41,14 +50,10 @@ TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) { kvswap::core::register_device_gener
 TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
   m.impl("_set_copy_method", &kvswap::core::set_copy_method);
   m.impl("_get_copy_method", &kvswap::core::get_copy_method);
-  m.impl("_expand_block_ids_aten", &kvswap::core::expand_with_tensor_ops);
-  m.impl("_direction_name", &kvswap::core::direction_name_op);
-  m.impl("_stream_capturing", &kvswap::core::stream_capturing_op);
   m.impl("_engine_report", &kvswap::core::engine_report_op);
+  m.impl("_engines", &kvswap::core::engines_op);
   m.impl("_register_region", &kvswap::core::register_region);
   m.impl("_unregister_region", &kvswap::core::unregister_region);
-  m.impl("_region_labels", &kvswap::core::region_labels);
-  m.impl("_region_table_work", &kvswap::core::region_table_work);
   m.impl("_set_checked", &kvswap::core::set_checked_mode);
   m.impl("_get_checked", &kvswap::core::get_checked_mode);
 }

@@ -79,14 +79,12 @@ std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList d
 
 namespace {
 
-void check_pinned(at::TensorList caches, const char* list, c10::Device device) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("kvswap::_host_pinned", "")
-                             .typed<bool(const at::Tensor&, c10::Device)>();
+void check_pinned(at::TensorList caches, const char* list, const EngineInterface& engine,
+                  c10::Device device) {
   for (const auto i : c10::irange(caches.size())) {
     const auto& t = caches[i];
     if (!t.device().is_cpu() || t.numel() == 0) continue;
-    TORCH_CHECK_VALUE(op.redispatch(engine_for(op, device, "to copy"), t, device), list, "[", i,
+    TORCH_CHECK_VALUE(engine.host_pinned(t, device), list, "[", i,
                       "] is in pageable host memory, but copies between the host and ", device,
                       " need page-locked (pinned) host memory: CANN copies pageable memory "
                       "synchronously, refuses it under graph capture, and up to CANN 8.0 corrupts "
@@ -99,8 +97,10 @@ void check_pinned(at::TensorList caches, const char* list, c10::Device device) {
 }  // namespace
 
 void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device) {
-  check_pinned(src_caches, "src_caches", device);
-  check_pinned(dst_caches, "dst_caches", device);
+  const EngineInterface& engine = engine_for(device, "to copy");
+  if (engine.host_pinned == nullptr) return;  // the engine copies pageable memory as well
+  check_pinned(src_caches, "src_caches", engine, device);
+  check_pinned(dst_caches, "dst_caches", engine, device);
 }
 
 void check_ids_tensor(const at::Tensor& ids, const char* name) {

@@ -1,6 +1,7 @@
 // `_C_cuda`: binds the CUDA engine's host logic (cuda_engine.cpp) to libcudart
-// and to torch's CUDA device and stream state, and registers it under the
-// CUDA key. Compiled by the host compiler; only copy_kernel.cu goes to nvcc.
+// and to torch's CUDA device and stream state, and installs it in the core
+// for CUDA devices when the module is imported. Compiled by the host compiler; only copy_kernel.cu goes to
+// nvcc.
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -12,14 +13,11 @@
 #include <c10/cuda/CUDAStream.h>
 #define KVSWAP_HAVE_C10_CUDA 1
 #endif
-#include <torch/library.h>
 
 #include <cuda_runtime_api.h>
 
 #include "../python_module.h"
 #include "cuda_engine.h"
-
-KVSWAP_PYTHON_MODULE(_C_cuda)
 
 namespace kvswap {
 namespace cuda {
@@ -122,7 +120,17 @@ const CudaApi& real_api() {
 }  // namespace cuda
 }  // namespace kvswap
 
-TORCH_LIBRARY_IMPL(kvswap, CUDA, m) {
-  kvswap::cuda::set_cuda_api(&kvswap::cuda::real_api());
-  kvswap::cuda::register_cuda_engine(m);
+namespace kvswap {
+namespace cuda {
+namespace {
+
+const EngineInterface& bound_engine() {
+  set_cuda_api(&real_api());
+  return engine_interface();
 }
+
+}  // namespace
+}  // namespace cuda
+}  // namespace kvswap
+
+KVSWAP_ENGINE_MODULE(_C_cuda, c10::DeviceType::CUDA, kvswap::cuda::bound_engine())

@@ -1,7 +1,7 @@
-// The CUDA engine's host logic: serves `kvswap::_submit`,
-// `_swap_blocks_kernel`, `_host_register`, `_stream_capturing` and
-// `_host_mapped` under the CUDA key, on torch's current stream of the target
-// device with that device current. Every runtime call goes through the table
+// The CUDA engine's host logic: its EngineInterface (submit, the copy
+// kernel, in-place pinning, the capture and mapping queries, the report)
+// works on torch's current stream of the target device with that device
+// current. Every runtime call goes through the table
 // of cuda_engine.h, so this file is compiled, unchanged, into `_C_cuda`
 // (bound to libcudart) and into the tests' `_fake_cuda` (bound to a fake
 // runtime on host memory); see docs/cuda.md.
@@ -39,7 +39,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <array>
@@ -644,7 +643,7 @@ bool stream_capturing_cuda(c10::Device device) {
 
 namespace {
 
-// Host ranges this engine pinned in place (`_host_register`), by start
+// Host ranges this engine pinned in place (host_register), by start
 // address: [start, start + bytes). cudaHostRegister refuses a range "already
 // registered" (cudaErrorHostMemoryAlreadyRegistered, driver_types.h:851-855)
 // and cudaHostUnregister takes the base address given to it
@@ -794,13 +793,18 @@ std::vector<std::string> engine_report_cuda(c10::Device device) {
   };
 }
 
-void register_cuda_engine(torch::Library& m) {
-  m.impl("_submit", &submit_cuda);
-  m.impl("_swap_blocks_kernel", &swap_blocks_kernel_cuda);
-  m.impl("_host_register", &host_register_cuda);
-  m.impl("_stream_capturing", &stream_capturing_cuda);
-  m.impl("_host_mapped", &host_mapped_cuda);
-  m.impl("_engine_report", &engine_report_cuda);
+const EngineInterface& engine_interface() {
+  static const EngineInterface engine{
+      /*name=*/"CUDA engine (torch_kvswap._C_cuda)",
+      /*submit=*/&submit_cuda,
+      /*stream_capturing=*/&stream_capturing_cuda,
+      /*host_register=*/&host_register_cuda,
+      /*host_pinned=*/nullptr,  // pageable host memory is copied too (cudaMemcpyAsync stages it)
+      /*host_mapped=*/&host_mapped_cuda,
+      /*report=*/&engine_report_cuda,
+      /*copy_blocks=*/&swap_blocks_kernel_cuda,
+  };
+  return engine;
 }
 
 }  // namespace cuda

@@ -15,11 +15,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../kvswap.h"
 #include "copy_kernel.h"
-
-namespace torch {
-class Library;
-}
 
 namespace kvswap {
 namespace cuda {
@@ -69,12 +66,10 @@ struct CudaApi {
 // parameter sizes, descriptor tables held in flight).
 void set_cuda_api(const CudaApi* api);
 
-// Registers the engine's kernels (`_submit`, `_swap_blocks_kernel`,
-// `_host_register`, `_stream_capturing`, `_host_mapped`) on a library
-// fragment for the CUDA key.
-void register_cuda_engine(torch::Library& m);
+// The engine's table for the core (kvswap.h), over the runtime bound last.
+const EngineInterface& engine_interface();
 
-// The engine's kernels, as register_cuda_engine registers them.
+// The engine's entries, as engine_interface() lists them.
 void submit_cuda(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
                  int64_t direction, int64_t total_bytes, c10::Device device);
 void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_caches,

@@ -1,10 +1,9 @@
 // The host engine: copies a CopyBatch on torch's intra-op threads, split by
-// bytes, with streaming stores for large batches. It serves `kvswap::_submit`
-// under the CPU key, so it runs when both sides of a copy are host memory, and
-// for the pointer op on a machine with no accelerator. It is synchronous: the
+// bytes, with streaming stores for large batches. The core holds it for the
+// CPU from the start, so it runs when both sides of a copy are host memory,
+// and for the pointer op on a machine with no accelerator. It is synchronous: the
 // bytes have arrived on return.
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -327,8 +326,8 @@ const char* mode_name(CopyMode mode) {
   }
 }
 
-// kvswap::_host_copy_plan: what copy_batch would do with a batch of
-// `total_bytes` bytes from this thread now. For tests.
+// What copy_batch would do with a batch of `total_bytes` bytes from this
+// thread now (host_engine::copy_plan). For tests.
 std::tuple<std::string, int64_t> host_copy_plan(int64_t total_bytes) {
   TORCH_CHECK_VALUE(total_bytes >= 0, "total_bytes must be >= 0, got ", total_bytes);
   const CopyMode mode = resolve_mode(configured_mode(), total_bytes);
@@ -347,11 +346,24 @@ void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
   copy_batch(batch);  // plain memory copies: nothing here fails once started
 }
 
+const EngineInterface kHostEngine{
+    /*name=*/"host engine (torch_kvswap._C)",
+    /*submit=*/&submit_host,
+    // Host memory is never captured, pinned or mapped for the host itself,
+    // and the host has nothing to report nor a copy kernel.
+    /*stream_capturing=*/nullptr,
+    /*host_register=*/nullptr,
+    /*host_pinned=*/nullptr,
+    /*host_mapped=*/nullptr,
+    /*report=*/nullptr,
+    /*copy_blocks=*/nullptr,
+};
+
 }  // namespace
+
+namespace host_engine {
+const EngineInterface& engine_interface() { return kHostEngine; }
+std::tuple<std::string, int64_t> copy_plan(int64_t total_bytes) { return host_copy_plan(total_bytes); }
+}  // namespace host_engine
+
 }  // namespace kvswap
-
-TORCH_LIBRARY_IMPL(kvswap, CPU, m) { m.impl("_submit", &kvswap::submit_host); }
-
-TORCH_LIBRARY_IMPL(kvswap, CompositeExplicitAutograd, m) {
-  m.impl("_host_copy_plan", &kvswap::host_copy_plan);
-}

@@ -61,7 +61,7 @@ MUTANTS = [
         name="ascend-pageable-host-caches-accepted",
         file="csrc/core/ops.cpp",
         where="swap_blocks",
-        find="    if (ascend && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);\n",
+        find="    if (accelerator && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);\n",
         replace="",
         tests=FAKE,
         why="finding 4: pageable host caches reach CANN (test_4_tensor_op_refuses_pageable_host_caches)",
@@ -110,9 +110,9 @@ MUTANTS = [
     dict(
         name="ascend-stream-capturing-not-served",
         file="csrc/ascend/ascend_engine.cpp",
-        where="TORCH_LIBRARY_IMPL",
-        find="  m.impl(\"_stream_capturing\", &kvswap::ascend::stream_capturing_kernel);\n",
-        replace="",
+        where="engine_interface",
+        find="      /*stream_capturing=*/&stream_capturing_kernel,\n",
+        replace="      /*stream_capturing=*/nullptr,\n",
         tests=FAKE,
         why="finding 9: device-resident ids are read back during capture "
         "(test_9_device_ids_under_capture_are_refused)",
@@ -141,8 +141,8 @@ MUTANTS = [
         name="ascend-pinned-use-not-recorded",
         file="csrc/core/ops.cpp",
         where="swap_blocks",
-        find="  if (ascend) record_host_use(src_caches, dst_caches, route.device);\n",
-        replace="",
+        find="  if (accelerator) record_host_use(src_caches, dst_caches, route.device);\n",
+        replace="  if (route.device.is_cuda()) record_host_use(src_caches, dst_caches, route.device);\n",
         tests=FAKE,
         why="finding 11: a pinned tensor freed after the call is reused mid-copy "
         "(test_11_pinned_tensor_freed_after_the_call_is_not_reused_mid_copy)",

@@ -3,9 +3,9 @@
 // `_C_cuda`) bound to the fake runtime of fake_cuda_runtime.cpp, and the ops
 // that let tests/test_cuda_fake.py drive both through `torch.ops.kvswap_fake_cuda`.
 //
-// Nothing is registered under the CUDA key until `install()`; `uninstall()`
+// Nothing serves CUDA devices until `install()`; `uninstall()`
 // removes it again, so the rest of the suite sees a CPU-only torch. While
-// installed: the engine's kernels serve `kvswap::_submit` & co. under CUDA,
+// installed: the engine's table serves CUDA devices in the core,
 // and `aten::_to_copy` has a CUDA kernel that copies through the fake runtime
 // as torch's copy does (cudaMemcpyAsync on the current stream, then
 // cudaStreamSynchronize), so a core path that reads device ids back meets
@@ -35,12 +35,14 @@
 
 #include "../../csrc/python_module.h"
 #include "fake_cuda_runtime.h"
-
-KVSWAP_PYTHON_MODULE(_fake_cuda)
+#include "test_extension.h"
 
 namespace {
 
-std::unique_ptr<torch::Library> g_engine_lib;
+// Whether the engine is installed in the core's registry, and the CUDA
+// engine it replaced.
+bool g_installed = false;
+const kvswap::EngineInterface* g_replaced = nullptr;
 std::unique_ptr<torch::Library> g_aten_lib;
 
 void check(cudaError_t err, const char* what) {
@@ -189,14 +191,13 @@ at::Tensor pinned_empty(at::IntArrayRef shape) {
 }
 
 void install() {
-  if (g_engine_lib) return;
+  if (g_installed) return;
   c10::impl::registerDeviceGuard(c10::kCUDA, &g_guard);
   at::setHostAllocator(c10::kCUDA, &g_pinned, 255);
   fake_cuda::reset(2);
   kvswap::cuda::set_cuda_api(fake_cuda::fake_table());
-  g_engine_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "kvswap", c10::DispatchKey::CUDA,
-                                                  __FILE__, __LINE__);
-  kvswap::cuda::register_cuda_engine(*g_engine_lib);
+  g_replaced = kvswap_test::g_registry->install(c10::DeviceType::CUDA, &kvswap::cuda::engine_interface());
+  g_installed = true;
   g_aten_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::CUDA,
                                                 __FILE__, __LINE__);
   g_aten_lib->impl("_to_copy", &fake_to_copy);
@@ -212,7 +213,8 @@ void install() {
 }
 
 void uninstall() {
-  g_engine_lib.reset();
+  if (g_installed) kvswap_test::g_registry->install(c10::DeviceType::CUDA, g_replaced);
+  g_installed = false;
   g_aten_lib.reset();
   // The rest of the suite sees a CPU-only torch again.
   at::setHostAllocator(c10::kCUDA, nullptr, 255);
@@ -487,7 +489,7 @@ double seconds_per_call(int64_t iters, const std::function<void()>& fn) {
          static_cast<double>(iters);
 }
 
-// Times the engine's `_submit` kernel (called directly, no dispatcher) and its
+// Times the engine's submit entry (called directly, no dispatcher) and its
 // kernel path against the no-op runtime, and the no-op runtime's own calls.
 // Returns, in nanoseconds: [batch path per call (1 descriptor), batch path
 // with `descriptors`, per-descriptor path per call (1 descriptor), per-

@@ -51,8 +51,8 @@ def raw(fake, host, dev, n, dst_index=None):
 
 
 def pinned(t):
-    """kvswap::_host_pinned as the Ascend engine answers it."""
-    return torch.ops.kvswap._host_pinned.default._op_dk("PrivateUse1", t, NPU)
+    """host_pinned as the Ascend engine answers it."""
+    return torch.ops.kvswap_test.host_pinned("npu", t, NPU)
 
 
 def warm_up(src, dst):

@@ -185,7 +185,7 @@ def test_host_register_errors_are_reported(fake, function):
 
 def test_memory_the_allocator_pinned_counts_as_pinned(fake):
     def pinned(t):
-        return torch.ops.kvswap._host_pinned.default._op_dk("PrivateUse1", t, torch.device("npu:0"))
+        return torch.ops.kvswap_test.host_pinned("npu", t, torch.device("npu:0"))
 
     t = host_blocks(2, BLOCK, 1)
     assert pinned(t) and pinned(t[1])
@@ -195,6 +195,6 @@ def test_memory_the_allocator_pinned_counts_as_pinned(fake):
 def test_engine_refuses_a_device_of_another_type(fake):
     t = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="asked to copy on cpu"):
-        torch.ops.kvswap._submit.default._op_dk("PrivateUse1", t, t, t, 0, 0, torch.device("cpu"))
+        torch.ops.kvswap_test.submit("npu", t, t, t, 0, 0, torch.device("cpu"))
     with pytest.raises(RuntimeError, match="asked about a stream of cpu"):
-        torch.ops.kvswap._stream_capturing.default._op_dk("PrivateUse1", torch.device("cpu"))
+        torch.ops.kvswap_test.stream_capturing("npu", torch.device("cpu"))

@@ -173,7 +173,7 @@ def test_8_a_call_of_100000_descriptors_lands_byte_exact(fake):
 
 
 # 9. Capture: device-resident ids are refused with a clear error (the engine
-#    answers _stream_capturing); more copies than a captured stream holds
+#    answers stream_capturing); more copies than a captured stream holds
 #    are refused before any is queued (EE1023).
 def test_9_device_ids_under_capture_are_refused(fake):
     src, dst = device_blocks(4, BLOCK, 1), host_blocks(4, BLOCK, 2)

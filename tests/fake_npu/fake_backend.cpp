@@ -26,6 +26,7 @@
 
 #include "ascend/ascend_engine.h"
 #include "fake_acl.h"
+#include "python_module.h"
 
 namespace kvswap {
 namespace fake {
@@ -513,6 +514,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace kvswap::fake;
   m.doc() = "Fake ACL runtime and fake 'npu' PrivateUse1 backend for testing the Ascend engine";
   install();
+  // The engine's own table goes into the core, as _C_npu's import does.
+  if (!kvswap::python::install_engine(c10::DeviceType::PrivateUse1, kvswap::ascend::engine_interface())) {
+    throw py::error_already_set();
+  }
   m.def("reset", &reset, "forget faults, counts, captures, queued copies; new engine state");
   m.def("set_absent", &set_absent, "ACL functions missing from the engine's table from now on");
   m.def(

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torch_kvswap
+import extension_ops  # noqa: F401 - torch.ops.kvswap_test
 
 ABSENT_8_0 = [
     "aclrtMemcpyBatchAsync",

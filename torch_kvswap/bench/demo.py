@@ -333,7 +333,7 @@ def engine_name(device: torch.device) -> str:
     key = _loader.engine_for(device)
     if key is None:
         return f"no kvswap engine for {device}"
-    name, module, _ = _loader.ENGINE_NAMES[key]
+    name, module = _loader.ENGINE_NAMES[key]
     return f"{name} ({module})"
 
 
