@@ -22,26 +22,28 @@ inline constexpr const char* kTestHooksCapsule = "torch_kvswap._C._test_hooks";
 
 // The core's registry, imported (and checked) from an extension's module
 // init, which holds the GIL. Null with a Python ImportError set when the core
-// is missing or was built against another engine interface.
-inline const EngineRegistry* core_registry() {
+// is missing or was built against another engine interface than `expected`
+// (this extension's own; tests pass another).
+inline const EngineRegistry* core_registry(uint32_t expected = kEngineInterfaceVersion) {
   const auto* registry = static_cast<const EngineRegistry*>(PyCapsule_Import(kRegistryCapsule, 0));
   if (registry == nullptr) return nullptr;
-  if (registry->version != kEngineInterfaceVersion) {
+  if (registry->version != expected) {
     PyErr_Format(PyExc_ImportError,
                  "torch_kvswap: this engine was built for engine interface %u but the core "
                  "(torch_kvswap._C) has %u; rebuild torch_kvswap",
-                 kEngineInterfaceVersion, registry->version);
+                 expected, registry->version);
     return nullptr;
   }
   return registry;
 }
 
-// Makes `engine` serve `type`; false with a Python error set when it cannot.
-inline bool install_engine(c10::DeviceType type, const EngineInterface& engine) {
+// Makes the engine `engine()` returns serve `type`; false with a Python
+// ImportError set when it cannot: the engine's own setup or the core refused.
+inline bool install_engine(c10::DeviceType type, const EngineInterface& (*engine)()) {
   const EngineRegistry* registry = core_registry();
   if (registry == nullptr) return false;
   try {
-    registry->install(type, &engine);
+    registry->install(type, &engine());
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_ImportError, e.what());
     return false;
@@ -71,9 +73,10 @@ inline PyObject* create_module(PyModuleDef* def, const char* name = nullptr, PyO
 
 // An engine's module: on import, installs `ENGINE` (a const EngineInterface&)
 // for device type TYPE; the import fails with the reason when it cannot.
-#define KVSWAP_ENGINE_MODULE(NAME, TYPE, ENGINE)                       \
-  extern "C" PyMODINIT_FUNC PyInit_##NAME(void) {                      \
-    KVSWAP_MODULE_DEF(NAME);                                           \
-    if (!kvswap::python::install_engine(TYPE, ENGINE)) return nullptr; \
-    return kvswap::python::create_module(&module_def);                 \
+#define KVSWAP_ENGINE_MODULE(NAME, TYPE, ENGINE)                                                          \
+  extern "C" PyMODINIT_FUNC PyInit_##NAME(void) {                                                         \
+    KVSWAP_MODULE_DEF(NAME);                                                                              \
+    if (!kvswap::python::install_engine(TYPE, []() -> const kvswap::EngineInterface& { return ENGINE; })) \
+      return nullptr;                                                                                     \
+    return kvswap::python::create_module(&module_def);                                                    \
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and format check of the whole tree, CI's first step: ruff (rules and
 # format: pyproject.toml, [tool.ruff]) over the Python files, clang-format
-# (.clang-format) over the tracked C++ and CUDA files. The pinned tools live
+# (.clang-format) over the C++ and CUDA files git tracks or would add. The pinned tools live
 # in .venv-lint (requirements/lint.txt), without torch and without building
 # the extension, so the check takes seconds.
 #   bash scripts/lint.sh          check, fail on any finding or unformatted file
@@ -12,7 +12,9 @@ cd "$ROOT"
 source scripts/venv.sh
 ensure_venv "$ROOT/.venv-lint" requirements/lint.txt   # sets PY
 BIN="$ROOT/.venv-lint/bin"
-mapfile -t CPP < <(git ls-files '*.cpp' '*.cc' '*.h' '*.hpp' '*.cu' '*.cuh')
+# Tracked and new (not ignored) files, as ruff walks the tree: a C++ file not
+# yet added to git is checked here before CI's clean clone meets it.
+mapfile -t CPP < <(git ls-files --cached --others --exclude-standard '*.cpp' '*.cc' '*.h' '*.hpp' '*.cu' '*.cuh')
 status=0
 if [ "${1:-}" = --fix ]; then
   "$BIN/ruff" check --fix . || status=1

@@ -831,3 +831,30 @@ def test_a_clone_on_the_path_from_elsewhere_is_not_called_the_current_directory(
     msg = _loader.rebuild_hint(clone / "torch_kvswap", cwd=tmp_path)
     assert f"the source tree {clone}." in msg and "current directory" not in msg
     assert "rebuild this tree in place" in msg
+
+
+def test_lint_checks_a_new_cpp_file_before_it_is_added_to_git(tmp_path):
+    # A copy of what scripts/lint.sh reads, as a git repository whose one C++
+    # file is unformatted and not yet added: the check must name it. The
+    # tree's lint venv is reused when there is one (CI's first step made it);
+    # otherwise lint.sh makes one, seconds from uv's cache.
+    for rel in [
+        "scripts/lint.sh",
+        "scripts/venv.sh",
+        ".clang-format",
+        "pyproject.toml",
+        "requirements/lint.txt",
+    ]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, tmp_path / rel)
+    if (ROOT / ".venv-lint" / "bin" / "clang-format").exists():
+        (tmp_path / ".venv-lint").symlink_to(ROOT / ".venv-lint")
+    (tmp_path / ".gitignore").write_text(".venv-lint\n")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "new.cpp").write_text("int  f( ){return 1;}\n")
+    proc = subprocess.run(
+        ["bash", "scripts/lint.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "new.cpp" in proc.stdout + proc.stderr
+    assert "clang-format --dry-run --Werror (1 files)" in proc.stdout

@@ -55,6 +55,41 @@ def test_the_namespace_holds_the_public_ops_and_what_the_package_calls():
     assert kvswap_ops() == sorted(PUBLIC + PRIVATE)
 
 
+def test_an_engine_built_for_another_interface_is_refused_at_import():
+    ops = torch.ops.kvswap_test
+    version = ops.interface_version()
+    assert ops.import_registry(version) == ""
+    assert ops.import_registry(version + 1) == (
+        f"torch_kvswap: this engine was built for engine interface {version + 1} but the core "
+        f"(torch_kvswap._C) has {version}; rebuild torch_kvswap"
+    )
+
+
+def test_an_engine_whose_setup_fails_fails_its_import_with_the_reason():
+    before = torch.ops.kvswap._engines()
+    assert (
+        torch.ops.kvswap_test.install_failing_engine("privateuseone") == "the engine's setup failed (tests)"
+    )
+    assert torch.ops.kvswap._engines() == before
+
+
+def test_an_engine_without_submit_is_refused():
+    before = torch.ops.kvswap._engines()
+    with pytest.raises(ValueError, match=r"kvswap: the engine engine without submit \(tests\) has no submit"):
+        torch.ops.kvswap_test.install_without_submit("privateuseone")
+    assert torch.ops.kvswap._engines() == before
+
+
+def test_no_engine_can_serve_a_device_type_the_core_does_not_know():
+    with pytest.raises(
+        NotImplementedError, match="kvswap has no engine for device type meta; supported: cpu"
+    ):
+        torch.ops.kvswap_test.spy_install("meta", True)
+    dst = torch.zeros(2, 2)  # and the host engine still serves the CPU
+    torch_kvswap.swap_blocks([torch.arange(4.0).view(2, 2)], [dst], torch.tensor([1]), torch.tensor([0]))
+    assert dst.tolist() == [[2.0, 3.0], [0.0, 0.0]]
+
+
 @pytest.mark.parametrize("qualname", PRIVATE)
 def test_every_private_op_is_called_by_the_package(qualname):
     from pathlib import Path

@@ -228,4 +228,12 @@ MUTANTS = [
         why="a check killed while the fake NPU built leaves torch's build lock in the copy: the next "
         "check's baseline waits on it until its timeout",
     ),
+    dict(
+        name="lint-skips-new-cpp-files",
+        file="scripts/lint.sh",
+        find="git ls-files --cached --others --exclude-standard '*.cpp'",
+        replace="git ls-files '*.cpp'",
+        tests=["tests/test_install.py::test_lint_checks_a_new_cpp_file_before_it_is_added_to_git"],
+        why="a new C++ file passes the check by hand and fails CI's clean clone, where it is tracked",
+    ),
 ]

@@ -9,6 +9,9 @@
 //     `region_labels`, `region_table_work`, `host_copy_plan`,
 //     `plan_swap_blocks_batch`, `expand_block_ids_aten`, and
 //     `direction_name`, which names a code by the C++ enum;
+//   * how engines are installed: an engine built for another interface,
+//     one whose setup fails, one without submit (`import_registry`,
+//     `install_failing_engine`, `install_without_submit`);
 //   * a recording engine (`spy_install`, `spy_calls`, `spy_uninstall`;
 //     tests/fake_device.py, engine_spy): installed for a device type in place
 //     of its engine, it records each submit as an engine receives it and,
@@ -19,6 +22,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -52,7 +56,8 @@ Entry entry(const std::string& engine, Entry EngineInterface::* member, const ch
 
 void submit(const std::string& engine, const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
             const at::Tensor& sizes, int64_t direction, int64_t total_bytes, c10::Device device) {
-  entry(engine, &EngineInterface::submit, "submit")(src_ptrs, dst_ptrs, sizes, direction, total_bytes, device);
+  entry(engine, &EngineInterface::submit, "submit")(src_ptrs, dst_ptrs, sizes, direction, total_bytes,
+                                                    device);
 }
 
 bool stream_capturing(const std::string& engine, c10::Device device) {
@@ -115,10 +120,10 @@ void spy_submit(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at
 
 bool spy_pinned(const at::Tensor&, c10::Device) { return true; }
 
-const EngineInterface kHostSpy{"recording engine (tests)", &spy_submit, nullptr, nullptr,
-                               nullptr,                    nullptr,     nullptr, nullptr};
-const EngineInterface kAcceleratorSpy{"recording engine (tests)", &spy_submit, nullptr, nullptr,
-                                      &spy_pinned,                nullptr,     nullptr, nullptr};
+const EngineInterface kHostSpy{
+    "recording engine (tests)", &spy_submit, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+const EngineInterface kAcceleratorSpy{
+    "recording engine (tests)", &spy_submit, nullptr, nullptr, &spy_pinned, nullptr, nullptr, nullptr};
 
 void spy_install(const std::string& engine, bool copy) {
   std::lock_guard<std::mutex> lock(spy().mutex);
@@ -141,7 +146,8 @@ void spy_uninstall() {
 std::tuple<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>>
 spy_calls() {
   std::lock_guard<std::mutex> lock(spy().mutex);
-  std::tuple<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>> out;
+  std::tuple<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>, std::vector<std::string>>
+      out;
   for (const auto& c : spy().calls) {
     std::get<0>(out).push_back(c.table);
     std::get<1>(out).push_back(c.direction);
@@ -151,14 +157,72 @@ spy_calls() {
   return out;
 }
 
+// --- how engines are installed ------------------------------------------------------
+
+// The message of the ImportError an engine's import raises when the core's
+// engine interface is not `expected` ("" when it is).
+std::string import_registry(int64_t expected) {
+  const PyGILState_STATE gil = PyGILState_Ensure();  // torch.ops calls run without it
+  std::string message;
+  if (kvswap::python::core_registry(static_cast<uint32_t>(expected)) == nullptr) {
+    PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
+    const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    message = utf8 != nullptr ? utf8 : "(no message)";
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+  }
+  PyGILState_Release(gil);
+  return message;
+}
+
+// Installs, as an engine's module does, an engine whose setup fails; returns
+// the ImportError's message the import would raise.
+std::string install_failing_engine(const std::string& engine) {
+  const auto type = device_type(engine);
+  const PyGILState_STATE gil = PyGILState_Ensure();
+  std::string message;
+  const bool installed = kvswap::python::install_engine(type, []() -> const EngineInterface& {
+    throw std::runtime_error("the engine's setup failed (tests)");
+  });
+  if (!installed) {
+    PyObject *t = nullptr, *value = nullptr, *traceback = nullptr;
+    PyErr_Fetch(&t, &value, &traceback);
+    PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
+    const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    message = utf8 != nullptr ? utf8 : "(no message)";
+    Py_XDECREF(text);
+    Py_XDECREF(t);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+  }
+  PyGILState_Release(gil);
+  return message;
+}
+
+// Asks the core to install an engine without submit for `engine`.
+void install_without_submit(const std::string& engine) {
+  static const EngineInterface incomplete{
+      "engine without submit (tests)", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  g_registry->install(device_type(engine), &incomplete);
+}
+
+int64_t interface_version() { return kvswap::kEngineInterfaceVersion; }
+
 // --- the core's internals ----------------------------------------------------------
 
 std::vector<std::string> region_labels() { return g_hooks->region_labels(); }
 int64_t region_table_work() { return g_hooks->region_table_work(); }
-std::tuple<std::string, int64_t> host_copy_plan(int64_t total_bytes) { return g_hooks->host_copy_plan(total_bytes); }
+std::tuple<std::string, int64_t> host_copy_plan(int64_t total_bytes) {
+  return g_hooks->host_copy_plan(total_bytes);
+}
 std::tuple<at::Tensor, at::Tensor, at::Tensor> plan_swap_blocks_batch(const at::Tensor& src_ptrs,
                                                                       const at::Tensor& dst_ptrs,
-                                                                      const at::Tensor& sizes, int64_t direction) {
+                                                                      const at::Tensor& sizes,
+                                                                      int64_t direction) {
   return g_hooks->plan_swap_blocks_batch(src_ptrs, dst_ptrs, sizes, direction);
 }
 at::Tensor expand_block_ids_aten(const at::Tensor& block_ids, int64_t factor, int64_t skip_count) {
@@ -171,7 +235,8 @@ std::string direction_name(int64_t direction) { return kvswap::direction_name(di
 
 // The module: imports the core's capsules first (csrc/python_module.h).
 extern "C" PyMODINIT_FUNC PyInit__fake_cuda(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_fake_cuda", nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
+  static PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT, "_fake_cuda", nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
   kvswap_test::g_registry = kvswap::python::core_registry();
   if (kvswap_test::g_registry == nullptr) return nullptr;
   kvswap_test::g_hooks =
@@ -201,6 +266,10 @@ TORCH_LIBRARY(kvswap_test, m) {
       "(Tensor, Tensor, Tensor)");
   m.def("expand_block_ids_aten(Tensor block_ids, int block_size_factor, int skip_count=0) -> Tensor");
   m.def("direction_name(int direction) -> str");
+  m.def("import_registry(int expected_version) -> str");
+  m.def("install_failing_engine(str engine) -> str");
+  m.def("install_without_submit(str engine) -> ()");
+  m.def("interface_version() -> int");
 }
 
 TORCH_LIBRARY_IMPL(kvswap_test, CompositeExplicitAutograd, m) {
@@ -217,9 +286,15 @@ TORCH_LIBRARY_IMPL(kvswap_test, CompositeExplicitAutograd, m) {
   m.impl("host_copy_plan", &kvswap_test::host_copy_plan);
   m.impl("expand_block_ids_aten", &kvswap_test::expand_block_ids_aten);
   m.impl("direction_name", &kvswap_test::direction_name);
+  m.impl("import_registry", &kvswap_test::import_registry);
+  m.impl("install_failing_engine", &kvswap_test::install_failing_engine);
+  m.impl("install_without_submit", &kvswap_test::install_without_submit);
+  m.impl("interface_version", &kvswap_test::interface_version);
 }
 
 // As the pointer op (csrc/core/registration_core.cpp): its descriptor tensors
 // are CPU tensors, and any other device reaches the fake kernel
 // (tests/extension_ops.py), as the op's does.
-TORCH_LIBRARY_IMPL(kvswap_test, CPU, m) { m.impl("plan_swap_blocks_batch", &kvswap_test::plan_swap_blocks_batch); }
+TORCH_LIBRARY_IMPL(kvswap_test, CPU, m) {
+  m.impl("plan_swap_blocks_batch", &kvswap_test::plan_swap_blocks_batch);
+}

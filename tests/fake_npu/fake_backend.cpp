@@ -515,7 +515,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Fake ACL runtime and fake 'npu' PrivateUse1 backend for testing the Ascend engine";
   install();
   // The engine's own table goes into the core, as _C_npu's import does.
-  if (!kvswap::python::install_engine(c10::DeviceType::PrivateUse1, kvswap::ascend::engine_interface())) {
+  if (!kvswap::python::install_engine(c10::DeviceType::PrivateUse1, &kvswap::ascend::engine_interface)) {
     throw py::error_already_set();
   }
   m.def("reset", &reset, "forget faults, counts, captures, queued copies; new engine state");
