@@ -159,12 +159,14 @@ spy_calls() {
 
 // --- how engines are installed ------------------------------------------------------
 
-// The message of the ImportError an engine's import raises when the core's
-// engine interface is not `expected` ("" when it is).
-std::string import_registry(int64_t expected) {
-  const PyGILState_STATE gil = PyGILState_Ensure();  // torch.ops calls run without it
+// Runs `step` (true: it succeeded) holding the GIL, which torch.ops calls
+// run without; returns the message of the Python error it left set, "" when
+// it succeeded. The error is cleared.
+template <class Step>
+std::string python_error_of(Step&& step) {
+  const PyGILState_STATE gil = PyGILState_Ensure();
   std::string message;
-  if (kvswap::python::core_registry(static_cast<uint32_t>(expected)) == nullptr) {
+  if (!step()) {
     PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
     PyErr_Fetch(&type, &value, &traceback);
     PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
@@ -179,28 +181,22 @@ std::string import_registry(int64_t expected) {
   return message;
 }
 
+// The message of the ImportError an engine's import raises when the core's
+// engine interface is not `expected` ("" when it is).
+std::string import_registry(int64_t expected) {
+  return python_error_of(
+      [&] { return kvswap::python::core_registry(static_cast<uint32_t>(expected)) != nullptr; });
+}
+
 // Installs, as an engine's module does, an engine whose setup fails; returns
 // the ImportError's message the import would raise.
 std::string install_failing_engine(const std::string& engine) {
   const auto type = device_type(engine);
-  const PyGILState_STATE gil = PyGILState_Ensure();
-  std::string message;
-  const bool installed = kvswap::python::install_engine(type, []() -> const EngineInterface& {
-    throw std::runtime_error("the engine's setup failed (tests)");
+  return python_error_of([&] {
+    return kvswap::python::install_engine(type, []() -> const EngineInterface& {
+      throw std::runtime_error("the engine's setup failed (tests)");
+    });
   });
-  if (!installed) {
-    PyObject *t = nullptr, *value = nullptr, *traceback = nullptr;
-    PyErr_Fetch(&t, &value, &traceback);
-    PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
-    const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
-    message = utf8 != nullptr ? utf8 : "(no message)";
-    Py_XDECREF(text);
-    Py_XDECREF(t);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
-  }
-  PyGILState_Release(gil);
-  return message;
 }
 
 // Asks the core to install an engine without submit for `engine`.
