@@ -6,6 +6,11 @@ Imported as ``helpers`` (pytest puts tests/ on the path, as for
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
+
 import torch
 
 import extension_ops  # noqa: F401 - torch.ops.kvswap_test
@@ -32,3 +37,29 @@ def plan_batch(src_ptrs, dst_ptrs, sizes, direction=0) -> list[list[int]]:
         _as_ids(src_ptrs), _as_ids(dst_ptrs), _as_ids(sizes), int(direction)
     )
     return [t.tolist() for t in planned]
+
+
+class Signalled(Exception):
+    """Raised by the handler ``signal_taken_by_another_thread`` installs."""
+
+
+@contextlib.contextmanager
+def signal_taken_by_another_thread(after: float = 0.1):
+    """Within the block, a thread of its own sends itself SIGUSR1 after
+    ``after`` seconds (``pthread_kill``), as the kernel may hand Ctrl-C to
+    any thread that does not block it. CPython runs the handler, which
+    raises ``Signalled``, in the main thread once that runs Python code."""
+
+    def handler(signum, frame):
+        raise Signalled
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    sender = threading.Thread(
+        target=lambda: (time.sleep(after), signal.pthread_kill(threading.get_ident(), signal.SIGUSR1))
+    )
+    sender.start()
+    try:
+        yield
+    finally:
+        sender.join()
+        signal.signal(signal.SIGUSR1, previous)

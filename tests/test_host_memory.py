@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from helpers import Signalled, signal_taken_by_another_thread
 from torch_kvswap import KVCacheOffloader
 from torch_kvswap.offloader import caches, host_memory, numa
 from torch_kvswap.offloader.host_memory import PAGE, HostMemory
@@ -240,6 +241,19 @@ def test_construction_returns_before_registration_ends_and_a_wait_blocks_until_i
     memory.wait()
     assert memory.register_seconds is not None
     assert memory.waited_seconds > 0
+    memory.release()
+
+
+def test_a_signal_another_thread_took_interrupts_the_wait_for_registration(runtime):
+    """Ctrl-C during the first job's wait for registration (offloader/waits.py)."""
+    r = runtime(hold=1)
+    memory = HostMemory(3 * PAGE, DEV, True, chunk_bytes=PAGE)
+    assert r.held.wait(10)
+    with pytest.raises(Signalled), signal_taken_by_another_thread():
+        memory.wait()
+    assert not memory.settled  # chunk 1 was still held when the handler ran
+    r.go.set()
+    memory.wait()
     memory.release()
 
 

@@ -26,6 +26,7 @@ import torch
 
 from torch_kvswap import KVCacheOffloader
 from torch_kvswap.offloader import lanes
+from helpers import Signalled, signal_taken_by_another_thread
 
 RUNS = int(os.environ.get("KVSWAP_LIFECYCLE_RUNS", "3"))
 TIMEOUT = 60  # seconds per child; a hang shows as a timeout, never as a stuck suite
@@ -48,7 +49,7 @@ PRELUDE = textwrap.dedent("""
     import torch, torch_kvswap
     import signal
     SLOW = 1.0
-    until_sigint = False  # the Ctrl-C cases: copy until the signal came (30 s at most)
+    until_sigint = False  # the Ctrl-C cases: copy until the handler ran (30 s at most, then CAPPED)
     interrupted = threading.Event()
 
     def on_sigint(signum, frame):
@@ -66,7 +67,10 @@ PRELUDE = textwrap.dedent("""
         while True:
             real_copy(job)
             elapsed = time.monotonic() - t0
-            if (interrupted.is_set() if until_sigint else elapsed >= SLOW) or elapsed >= 30:
+            if interrupted.is_set() if until_sigint else elapsed >= SLOW:
+                break
+            if elapsed >= 30:  # the signal never reached the handler while the copy ran
+                say("CAPPED")
                 break
 
     def say(marker):
@@ -185,6 +189,25 @@ def gated(offloader: KVCacheOffloader) -> threading.Event:
     gate, real_copy = threading.Event(), offloader._copy
     offloader._copy = lambda job: (gate.wait(), real_copy(job))
     return gate
+
+
+@pytest.mark.parametrize("call", ["wait", "shutdown"])
+def test_a_signal_another_thread_took_interrupts_the_call_while_the_copy_runs(call):
+    """The kernel may hand Ctrl-C to a worker thread; the main thread's
+    handler still runs during ``wait`` and ``shutdown``, before the copy
+    ends (offloader/waits.py), not once it ends."""
+    off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
+    gate = gated(off)
+    fallback = threading.Timer(10, gate.set)  # a wait that sleeps through the signal ends here
+    fallback.start()
+    off.store(0, [0], [0])
+    with pytest.raises(Signalled), signal_taken_by_another_thread():
+        off.wait({0}) if call == "wait" else off.shutdown()
+    assert not gate.is_set()  # the copy was still running when the handler ran
+    fallback.cancel()
+    gate.set()
+    off.shutdown()
+    assert [r.success for r in off.get_finished()] == [True]
 
 
 def test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown_finishes_it():

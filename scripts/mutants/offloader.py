@@ -250,7 +250,7 @@ MUTANTS = [
         name="host-memory-wait-returns-while-registering",
         file=_O + "host_memory.py",
         where="HostMemory.wait",
-        find="            self._done.wait()\n",
+        find="            wait_for(self._done)\n",
         replace="            pass\n",
         tests=["tests/test_host_memory.py"],
         why="a job would copy into mirrors not yet page-locked: refused, or before CANN 8.1 corrupted",
@@ -413,5 +413,35 @@ MUTANTS = [
         tests=[_LT + "test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working"],
         why="SystemExit or KeyboardInterrupt inside a copy ended the worker: the job was never "
         "reported, wait blocked forever and later jobs never ran",
+    ),
+    dict(
+        name="offloader-wait-sleeps-through-a-signal",
+        file=_O + "waits.py",
+        where="wait_for",
+        find="    while not event.wait(SIGNAL_CHECK_SECONDS):\n        pass\n",
+        replace="    event.wait()\n",
+        tests=[_LT + "test_a_signal_another_thread_took_interrupts_the_call_while_the_copy_runs"],
+        why="Ctrl-C that the kernel handed to a worker thread waited for the copy to end (30 s "
+        "and more) before wait or shutdown raised KeyboardInterrupt",
+    ),
+    dict(
+        name="offloader-lane-wait-sleeps-through-a-signal",
+        file=_O + "lanes.py",
+        where="Lanes.wait",
+        find="                wait_for(job.done)\n",
+        replace="                job.done.wait()\n",
+        tests=[_LT + "test_a_signal_another_thread_took_interrupts_the_call_while_the_copy_runs"],
+        why="wait and shutdown slept through Ctrl-C until the copy ended",
+    ),
+    dict(
+        name="offloader-registration-wait-sleeps-through-a-signal",
+        file=_O + "host_memory.py",
+        where="HostMemory.wait",
+        find="            wait_for(self._done)\n",
+        replace="            self._done.wait()\n",
+        tests=[
+            "tests/test_host_memory.py::test_a_signal_another_thread_took_interrupts_the_wait_for_registration"
+        ],
+        why="the first job's wait for page-locking slept through Ctrl-C until registration ended",
     ),
 ]

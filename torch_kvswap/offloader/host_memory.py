@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from . import numa
+from .waits import wait_for
 
 logger = logging.getLogger("torch_kvswap")
 
@@ -236,7 +237,7 @@ class HostMemory:
         failed."""
         start = time.perf_counter()
         if self.spans:
-            self._done.wait()
+            wait_for(self._done)
         self.waited_seconds += time.perf_counter() - start
         if self.error is not None:
             raise RuntimeError(self.error)

@@ -35,6 +35,7 @@ import torch
 from .. import ops
 from .planning import Copy, as_job_ids
 from .specs import TransferResult
+from .waits import wait_for
 
 logger = logging.getLogger("torch_kvswap")
 
@@ -304,9 +305,9 @@ class Lanes:
             jobs = [self._pending[j] for j in wanted - missing]
         for job in jobs:
             if self._workers is not None:
-                job.done.wait()
+                wait_for(job.done)
                 continue
-            job.launched.wait()
+            wait_for(job.launched)
             if not job.done.is_set():
                 try:
                     job.end_event.synchronize()
