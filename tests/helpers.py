@@ -63,3 +63,10 @@ def signal_taken_by_another_thread(after: float = 0.1):
     finally:
         sender.join()
         signal.signal(signal.SIGUSR1, previous)
+
+
+def gated(offloader) -> threading.Event:
+    """Makes each copy of ``offloader`` wait for the returned gate."""
+    gate, real_copy = threading.Event(), offloader._copy
+    offloader._copy = lambda job: (gate.wait(), real_copy(job))
+    return gate

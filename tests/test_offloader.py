@@ -13,6 +13,7 @@ import torch
 
 from torch_kvswap import DeviceBlocks, HostBlocks, KVCacheOffloader
 from conftest import accelerator_or_skip
+from helpers import gated
 
 DTYPES = [torch.bfloat16, torch.float16, torch.int8]
 BLOCK = (4, 2, 8)  # tokens, heads, head_dim
@@ -336,8 +337,14 @@ def test_duplicate_job_ids_are_rejected(offloader):
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda o: o.store(1, [0, 8], [0]), r"device_block_ids\[1\] = 8 is out of range"),
-        (lambda o: o.store(1, [0, 1], [4]), r"host_block_ids\[0\] = 4 is out of range"),
+        (
+            lambda o: o.store(1, [0, 8], [0]),
+            r"device_block_ids\[1\] = 8 is out of range: valid ids are 0\.\.7$",
+        ),
+        (
+            lambda o: o.store(1, [0, 1], [4]),
+            r"host_block_ids\[0\] = 4 is out of range: valid ids are 0\.\.3$",
+        ),
         (lambda o: o.load(1, [-1], [0, 1]), r"host_block_ids\[0\] = -1 is out of range"),
         (lambda o: o.load(1, [0], [0, 9]), r"device_block_ids\[1\] = 9 is out of range"),
     ],
@@ -355,10 +362,16 @@ def test_out_of_range_block_ids_are_rejected_before_any_copy(offloader, call, ma
     [
         (lambda o: o.store(1, [0, 1, 2], [0]), r"store of 3 device blocks needs 2 host blocks"),
         (lambda o: o.store(1, [0], [0, 1]), r"store of 1 device blocks needs 1 host blocks"),
-        (lambda o: o.load(1, [0], [0]), r"loads move whole host blocks"),
+        (lambda o: o.load(1, [0], [0]), r"without offsets, loads move whole host blocks$"),
         (lambda o: o.load(1, [0, 1], [0, 1, 2]), r"load of 2 host blocks fills 4 device blocks"),
         (lambda o: o.store(1, [[0, 1]], [0]), r"must be a 1-D array"),
-        (lambda o: o.store(1, [0, 1, 2, 3], [1, 1]), r"destination block ids repeat"),
+        (lambda o: o.store(1, [0, 1, 2, 3], [1, 1]), r"^destination block ids repeat within one job$"),
+        # a repeat that is not the smallest id (store: host sub-blocks 6 and 7; load: device block 5)
+        (
+            lambda o: o.store(1, [0, 1, 2, 3, 4, 5], [0, 3, 3]),
+            r"^destination block ids repeat within one job$",
+        ),
+        (lambda o: o.load(1, [0, 1], [2, 5, 6, 5]), r"^destination block ids repeat within one job$"),
         (lambda o: o.transfer_async(1, (HostBlocks([0]), HostBlocks([1]))), r"one host \(CPU\) side"),
     ],
 )
@@ -647,6 +660,10 @@ def test_explicit_offset_stores_and_loads_partial_chunks_at_both_ends(factor, of
             r"offsets has 2 entries; this offloader has 1 groups",
         ),
         (lambda o: o.store(1, [0], [0], group_sizes=[2]), r"group_sizes \[2\] must give 1"),
+        (
+            lambda o: o.store(1, [0], [0], group_sizes=[1, 0]),
+            r"group_sizes \[1, 0\] must give 1",
+        ),  # right sum
     ],
 )
 def test_bad_offsets_and_group_sizes_are_rejected(offloader, call, match):
@@ -711,6 +728,45 @@ def test_groups_move_only_their_own_tensors_against_a_reference(layout, factor):
                     assert torch.equal(t[b].view(torch.uint8), want.view(torch.uint8)), (i, b)
 
 
+@pytest.mark.parametrize("kind", ["store", "load"])
+@pytest.mark.parametrize("form", [np.array, torch.tensor])
+def test_a_job_keeps_its_own_ids_and_the_caller_may_reuse_its_arrays_once_the_call_returns(kind, form):
+    """vLLM-style callers refill one id buffer per step; a job still queued
+    must copy the blocks named when it was submitted."""
+    caches = {"l": torch.arange(8 * 64, dtype=torch.float32).reshape(8, 64)}
+    with KVCacheOffloader(caches, 16, 16, num_host_blocks=4) as off:
+        gate = gated(off)
+        host, device = off.host_tensors[0], off.device_tensors[0]
+        host.copy_(-torch.arange(4 * 64, dtype=torch.float32).reshape(4, 64))
+        want_host, want_device = host.clone(), device.clone()
+        ids_a, ids_b = form([5, 6]), form([0, 3])
+        if kind == "store":
+            off.store(1, ids_a, ids_b)
+            want_host[[0, 3]] = want_device[[5, 6]]
+        else:
+            off.load(1, ids_b, ids_a)
+            want_device[[5, 6]] = want_host[[0, 3]]
+        ids_a[:] = form([1, 2])  # reused for the next step before the job ran
+        ids_b[:] = form([1, 2])
+        gate.set()
+        off.wait({1})
+        assert off.get_finished()[0].success
+        assert torch.equal(host, want_host) and torch.equal(device, want_device)
+
+
+def test_a_load_of_several_groups_without_offsets_fills_each_groups_blocks_from_whole_host_blocks():
+    caches = make_caches("per_layer", 8, torch.float16, layers=2)
+    with KVCacheOffloader(caches, 16, 32, 4, groups=[[0], [1]]) as off:  # factor 2
+        for mirror in off.host_tensors:
+            mirror.copy_(torch.randn(mirror.shape).to(mirror.dtype))
+        off.load(1, [3, 1], [0, 1, 6, 7], group_sizes=[2, 2])
+        off.wait({1})
+        assert off.get_finished()[0].success
+        device, host = off.device_tensors, off.host_tensors
+        assert torch.equal(device[0][0:2], host[0][6:8])  # group 0: host block 3 = rows 6, 7
+        assert torch.equal(device[1][6:8], host[1][2:4])  # group 1: host block 1 = rows 2, 3
+
+
 def test_group_sizes_are_required_with_several_groups_and_groups_are_checked():
     caches = make_caches("per_layer", 8, torch.float16, layers=2)
     with KVCacheOffloader(caches, 16, 16, 4, groups=[[0], [1]]) as off:
@@ -726,6 +782,11 @@ def test_group_sizes_are_required_with_several_groups_and_groups_are_checked():
     with KVCacheOffloader(caches, 16, 16, 4, groups=[[0, 1], [1]]) as off:
         with pytest.raises(ValueError, match="two groups that share a cache tensor write the same block"):
             off.load(1, [2, 3], [5, 5], group_sizes=[1, 1], offsets=[0, 0])
+    # Three groups: each pair is compared, not only neighbours in some order.
+    with KVCacheOffloader(make_caches("per_layer", 8, torch.float16, layers=3), 16, 16, 4,
+                          groups=[[0, 1], [1], [2]]) as off:  # fmt: skip
+        with pytest.raises(ValueError, match="two groups that share a cache tensor write the same block"):
+            off.load(1, [0, 1, 2], [5, 5, 6], group_sizes=[1, 1, 1], offsets=[0, 0, 0])
     for groups, match in [
         ([[0], [2]], r"groups\[1\] names cache tensor 2; valid indices are 0..1"),
         ([[0, 0]], r"groups\[0\] names a cache tensor twice"),

@@ -26,7 +26,7 @@ import torch
 
 from torch_kvswap import KVCacheOffloader
 from torch_kvswap.offloader import lanes
-from helpers import Signalled, signal_taken_by_another_thread
+from helpers import Signalled, gated, signal_taken_by_another_thread
 
 RUNS = int(os.environ.get("KVSWAP_LIFECYCLE_RUNS", "3"))
 TIMEOUT = 60  # seconds per child; a hang shows as a timeout, never as a stuck suite
@@ -182,13 +182,6 @@ def test_ctrl_c_during_wait_raises_keyboard_interrupt_and_the_offloader_keeps_wo
     for status, out, err in runs(run_interrupted, body, "WAITING"):
         status, words = outcome(status, out, err)
         assert (status, words) == (0, ["WAITING", "INTERRUPTED", "SUCCESS=True", "STORED"]), err[-2000:]
-
-
-def gated(offloader: KVCacheOffloader) -> threading.Event:
-    """Makes each copy of ``offloader`` wait for the returned gate."""
-    gate, real_copy = threading.Event(), offloader._copy
-    offloader._copy = lambda job: (gate.wait(), real_copy(job))
-    return gate
 
 
 @pytest.mark.parametrize("call", ["wait", "shutdown"])

@@ -444,4 +444,17 @@ MUTANTS = [
         ],
         why="the first job's wait for page-locking slept through Ctrl-C until registration ended",
     ),
+    dict(
+        name="offloader-job-reads-the-callers-id-array-at-copy-time",
+        file=_O + "planning.py",
+        where="as_ids",
+        find="    return np.array(arr, dtype=np.int64)",
+        replace="    return arr.astype(np.int64, copy=False)",
+        tests=[
+            "tests/test_offloader.py::"
+            "test_a_job_keeps_its_own_ids_and_the_caller_may_reuse_its_arrays_once_the_call_returns"
+        ],
+        why="a job shared the caller's int64 array or CPU tensor of ids: refilled for the next step "
+        "before the job ran, it copied the wrong blocks, in silence",
+    ),
 ]

