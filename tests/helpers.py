@@ -70,3 +70,22 @@ def gated(offloader) -> threading.Event:
     gate, real_copy = threading.Event(), offloader._copy
     offloader._copy = lambda job: (gate.wait(), real_copy(job))
     return gate
+
+
+def hold_registration(monkeypatch, registered) -> tuple[threading.Event, threading.Event]:
+    """Holds back the page-locking of the second chunk of host memory
+    (``registered()``, the runtime's count of register calls so far, is 1)
+    until the returned ``go`` is set; ``held`` is set once it is held back.
+    Stands between the offloader's host memory and the engine's register."""
+    from torch_kvswap.offloader import host_memory
+
+    go, held, real = threading.Event(), threading.Event(), host_memory.register
+
+    def slow(buffer, device, pin):
+        if pin and registered() == 1:
+            held.set()
+            assert go.wait(10)
+        real(buffer, device, pin)
+
+    monkeypatch.setattr(host_memory, "register", slow)
+    return held, go

@@ -13,9 +13,10 @@ import threading
 import pytest
 import torch
 
-from torch_kvswap.offloader import caches, host_memory
+from torch_kvswap.offloader import caches
 from torch_kvswap.offloader.host_memory import PAGE, HostMemory
 
+from helpers import hold_registration
 from test_cuda_fake import F, fake  # noqa: F401 - the fixture; skips where the fake is not built
 
 DEV = torch.device("cuda", 0)
@@ -66,15 +67,7 @@ def test_construction_returns_before_registration_ends_and_a_wait_blocks_until_i
     """Chunk 1 of 3 is held back: the buffer is constructed (mapped and
     pre-faulted) while chunk 1 is still being page-locked; ``wait`` blocks
     until every chunk is, then the runtime counts every byte pinned once."""
-    go, held, real = threading.Event(), threading.Event(), host_memory.register
-
-    def slow(buffer, device, pin):
-        if pin and fake.count_calls("cudaHostRegister") == 1:
-            held.set()
-            assert go.wait(10)
-        real(buffer, device, pin)
-
-    monkeypatch.setattr(host_memory, "register", slow)
+    held, go = hold_registration(monkeypatch, lambda: fake.count_calls("cudaHostRegister"))
     memory = HostMemory(3 * PAGE, DEV, True, chunk_bytes=PAGE)
     try:
         assert held.wait(10) and memory.register_seconds is None  # constructed, still registering

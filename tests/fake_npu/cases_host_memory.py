@@ -10,10 +10,11 @@ import threading
 import pytest
 import torch
 
+from helpers import hold_registration
 from npu_cases import ABSENT_8_0, cann
 from npu_cases import fake  # noqa: F401 - the fixture
 from torch_kvswap import KVCacheOffloader
-from torch_kvswap.offloader import caches, host_memory
+from torch_kvswap.offloader import caches
 from torch_kvswap.offloader.host_memory import PAGE, HostMemory
 
 
@@ -67,15 +68,7 @@ def test_construction_returns_before_registration_ends_and_the_first_job_waits_f
     """Chunk 1 of the mirrors is held back: the offloader is built, and its
     first store waits until every chunk is pinned (the core checks a host
     tensor page-locked at both ends), then lands."""
-    go, held, real = threading.Event(), threading.Event(), host_memory.register
-
-    def slow(buffer, device, pin):
-        if pin and fake.calls("aclrtHostRegisterV2") == 1:
-            held.set()
-            assert go.wait(10)
-        real(buffer, device, pin)
-
-    monkeypatch.setattr(host_memory, "register", slow)
+    held, go = hold_registration(monkeypatch, lambda: fake.calls("aclrtHostRegisterV2"))
     cache = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     # one mirror of 64 rows x 128 bytes: rows 0-31 are chunk 0, rows 32-63 chunk 1
     off = KVCacheOffloader({"l0": cache.to("npu:0")}, 1, 1, num_host_blocks=64, register_chunk_bytes=PAGE)
