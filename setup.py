@@ -57,7 +57,7 @@ CSRC = ROOT / "csrc"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from setup_helpers import INSTALL_COMMAND, flag, release  # noqa: E402
+from setup_helpers import INSTALL_COMMAND, PREREQUISITES, flag, release  # noqa: E402
 from setup_helpers.engines import (  # noqa: E402
     Decision,
     Engine,
@@ -128,7 +128,7 @@ def require_wheel_support() -> None:
     if release(setuptools.__version__) < (70, 1) and importlib.util.find_spec("wheel") is None:
         raise SystemExit(
             f"setuptools {setuptools.__version__} cannot build wheels without the `wheel` "
-            f"package: pip install \"setuptools>=70.1\" ninja numpy, then {INSTALL_COMMAND}"
+            f"package: {PREREQUISITES}, then {INSTALL_COMMAND}"
         )
 
 

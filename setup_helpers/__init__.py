@@ -38,6 +38,7 @@ def _load_build_shared():
 
 _shared = _load_build_shared()
 INSTALL_COMMAND = _shared.INSTALL_COMMAND
+PREREQUISITES = _shared.PREREQUISITES
 release = _shared.release  # (major, minor, patch) of a version string such as '2.13.0+cpu'
 summary_lines = _shared.summary_lines
 

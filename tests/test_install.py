@@ -503,12 +503,65 @@ def test_an_old_setuptools_without_wheel_is_refused_with_the_fix(monkeypatch):
     )
     with pytest.raises(
         SystemExit,
-        match=r'pip install "setuptools>=70.1" ninja numpy, then pip install '
+        match=r'pip install "setuptools>=70.1" ninja numpy torch, then pip install '
         r'--no-build-isolation \.',
     ):
         setup_py.require_wheel_support()
     monkeypatch.setattr(setuptools, "__version__", "70.1.0")
     setup_py.require_wheel_support()
+
+
+def test_the_readme_and_the_install_page_give_the_one_install_line():
+    line = f"{setup_py.PREREQUISITES} && {setup_py.INSTALL_COMMAND}"
+    for page in ("README.md", "docs/install.md"):
+        lines = (ROOT / page).read_text().splitlines()
+        assert [ln for ln in lines if ln.startswith("pip install ")] == [line], page
+
+
+def _resolve(python: Path, requirements: list[str]) -> dict[str, str]:
+    """What ``pip install REQUIREMENTS`` would install in that venv (a dry run
+    against the package index): {name: version}."""
+    run = subprocess.run(
+        [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", *requirements],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
+
+
+def test_the_install_line_keeps_setuptools_within_what_the_installed_torch_requires(tmp_path):
+    # torch 2.11 and 2.12 require setuptools < 82, and a new venv's setuptools
+    # (65 on Python 3.11) or none is too old to build: pip must pick a
+    # setuptools that torch accepts, and leave torch alone. A stand-in torch
+    # distribution (its metadata only) carries the requirement.
+    import shlex
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    dist = Path(site) / "torch-2.12.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.12.1\nRequires-Dist: setuptools<82\n"
+    )
+    (dist / "INSTALLER").write_text("pip\n")
+    (dist / "RECORD").write_text("")
+    words = shlex.split(setup_py.PREREQUISITES)
+    assert words[:2] == ["pip", "install"]
+    chosen = _resolve(python, words[2:])
+    assert "torch" not in chosen and (70, 1) <= setup_py.release(chosen["setuptools"]) < (82,), chosen
+    # Without `torch` in the line pip takes the newest setuptools, breaking torch's requirement.
+    unaware = _resolve(python, [w for w in words[2:] if w != "torch"])
+    assert setup_py.release(unaware["setuptools"]) >= (82,), unaware
 
 
 # ---------------------------------------------------------------- what the build says first

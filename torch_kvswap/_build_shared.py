@@ -10,6 +10,13 @@ library at module level (``release`` imports ``packaging`` when called).
 from __future__ import annotations
 
 INSTALL_COMMAND = "pip install --no-build-isolation ."
+#: What the build needs before INSTALL_COMMAND (README.md's install line is
+#: ``f"{PREREQUISITES} && {INSTALL_COMMAND}"``). ``torch`` installs nothing
+#: where torch is installed: it makes pip resolve setuptools together with the
+#: installed torch's own requirements (torch 2.11 and 2.12 require
+#: setuptools < 82; without it pip takes the newest, 84, and reports a
+#: conflict). setuptools 70.1 is the first that builds wheels itself.
+PREREQUISITES = 'pip install "setuptools>=70.1" ninja numpy torch'
 
 
 def release(version: str) -> tuple[int, int, int]:

@@ -33,6 +33,15 @@ MUTANTS = [
         why="release('2.10') != release('2.10.0'): a torch that reports '2.10' fails the version guard",
     ),
     dict(
+        name="install-line-lets-pip-break-torchs-setuptools-pin",
+        file="torch_kvswap/_build_shared.py",
+        find="PREREQUISITES = 'pip install \"setuptools>=70.1\" ninja numpy torch'\n",
+        replace="PREREQUISITES = 'pip install \"setuptools>=70.1\" ninja numpy'\n",
+        tests=[T + "::test_the_install_line_keeps_setuptools_within_what_the_installed_torch_requires"],
+        why="on torch 2.11 or 2.12 the install line upgrades setuptools to 84, which torch's own "
+        "requirement (< 82) forbids: pip reports a conflict",
+    ),
+    dict(
         name="install-cuda-major-mismatch-builds",
         file="setup_helpers/engines.py",
         where="decide_cuda",
