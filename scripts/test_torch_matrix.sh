@@ -4,9 +4,11 @@
 # oldest declared release and the newest on the registry; .venv's 2.13.0 is
 # covered by scripts/test.sh and vLLM 0.33's 2.14.0 by scripts/test_vllm.sh):
 #   1. a venv .venv-torch-VERSION holding only torch==VERSION, numpy and ninja;
-#   2. the README's install line, `pip install "setuptools>=70.1" ninja numpy
-#      && pip install --no-build-isolation .`, from a clean copy of the tree (the copy is kept in build/matrix-VERSION/ so a
-#      rerun recompiles only what changed); its build summary is printed;
+#   2. the README's install line, read from README.md, from a clean copy of
+#      the tree (kept in build/matrix-VERSION/ so a rerun recompiles only what
+#      changed; its second half with --force-reinstall --no-deps, for a
+#      rerun), then `pip check`: the line must leave no broken requirement
+#      (torch 2.11 and 2.12 require setuptools < 82);
 #   3. `python -m torch_kvswap` from outside the tree: must exit 0 and report
 #      the host engine loaded;
 #   4. the version guard: the in-place build of .venv (torch 2.13.0), imported
@@ -21,6 +23,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"   # .venv with the in-place build (step 4); cd "$ROOT"
 MAIN_PY="$PY"
 VERSIONS=("$@")
+LINE="$(grep -m1 '^pip install "setuptools' README.md)"   # the README's install line
+[[ "$LINE" == *" && pip install --no-build-isolation ." ]] || { echo "[matrix] no install line in README.md"; exit 2; }
 [ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(2.10.0 2.15.0)
 
 for VERSION in "${VERSIONS[@]}"; do
@@ -33,9 +37,10 @@ for VERSION in "${VERSIONS[@]}"; do
 
   copy_tree "matrix-$VERSION"   # env.sh's; sets TREE
   COPY="$TREE"
-  echo "[matrix] $VERSION: the README's install line"
-  (cd "$COPY" && "$VPY" -m pip install --quiet "setuptools>=70.1" ninja numpy \
-     && "$VPY" -m pip install --quiet --no-build-isolation --force-reinstall --no-deps .)
+  echo "[matrix] $VERSION: the README's install line: $LINE"
+  (cd "$COPY" && PATH="$VENV/bin:$PATH" && eval "${LINE%% && *} --quiet" \
+     && eval "${LINE#* && } --quiet --force-reinstall --no-deps")
+  "$VPY" -m pip check || { echo "[matrix] $VERSION: the install line left broken requirements"; exit 1; }
   REPORT="$(cd /tmp && "$VPY" -m torch_kvswap)"
   echo "$REPORT"
   grep -Eq '^  engine host +loaded$' <<<"$REPORT" || { echo "[matrix] $VERSION: host engine not reported loaded"; exit 1; }

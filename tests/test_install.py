@@ -432,8 +432,17 @@ def test_version_guard_accepts_the_same_release_of_another_build_variant():
     _loader.check_built_against("2.15.0", "2.15.0+cu130")
 
 
-@pytest.mark.parametrize("other", ["2.12.0", "2.13.1"])
-def test_extension_built_for_another_torch_fails_to_import_with_the_version_message(tmp_path, other):
+def other_torch(kind: str) -> str:
+    """A torch release that is not the running one: the minor release before
+    it ("older") or its next patch release ("patch"). On torch 2.13.0: 2.12.0
+    and 2.13.1 (a fixed "2.12.0" was the running torch on 2.12.0)."""
+    major, minor, patch = setup_py.release(torch.__version__)
+    return f"{major}.{minor - 1}.0" if kind == "older" else f"{major}.{minor}.{patch + 1}"
+
+
+@pytest.mark.parametrize("kind", ["older", "patch"])
+def test_extension_built_for_another_torch_fails_to_import_with_the_version_message(tmp_path, kind):
+    other = other_torch(kind)
     # The real package, its compiled extensions included, with the record of
     # the build saying another release: what a user gets after upgrading torch.
     pkg = tmp_path / "torch_kvswap"
@@ -852,7 +861,8 @@ def _clone_with_the_package_built_for(tmp_path: Path, other: str) -> Path:
 
 
 def test_a_clone_imported_from_its_root_names_its_folder_and_the_fix(tmp_path):
-    clone = _clone_with_the_package_built_for(tmp_path, "2.12.0")
+    other = other_torch("older")
+    clone = _clone_with_the_package_built_for(tmp_path, other)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [sys.executable, "-c", "import torch_kvswap"],
@@ -864,7 +874,7 @@ def test_a_clone_imported_from_its_root_names_its_folder_and_the_fix(tmp_path):
     )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: torch_kvswap was built against torch 2.12.0"), proc.stderr
+    assert last.startswith(f"ImportError: torch_kvswap was built against torch {other}"), proc.stderr
     assert f"imported from {clone / 'torch_kvswap'}, the package folder of the source tree {clone}" in last
     assert "because Python puts the current directory first on its path" in last
     assert "run from another directory" in last
@@ -880,7 +890,7 @@ def test_an_installed_copy_built_for_another_torch_names_its_folder_and_the_inst
 
 
 def test_a_clone_on_the_path_from_elsewhere_is_not_called_the_current_directory(tmp_path):
-    clone = _clone_with_the_package_built_for(tmp_path, "2.12.0")
+    clone = _clone_with_the_package_built_for(tmp_path, other_torch("older"))
     msg = _loader.rebuild_hint(clone / "torch_kvswap", cwd=tmp_path)
     assert f"the source tree {clone}." in msg and "current directory" not in msg
     assert "rebuild this tree in place" in msg
