@@ -7,6 +7,7 @@ sequence of jobs is accepted by an offloader built without checks.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 import torch_kvswap
+from helpers import gated
 from torch_kvswap import KVCacheOffloader
 
 BLOCK = (4, 2, 8)
@@ -295,3 +297,85 @@ def test_random_jobs_that_keep_the_contract_are_never_refused(seed):
                 storing[job], store_dev[job] = h, set(dev)
         off.wait(off.pending())
         assert all(r.success for r in off.get_finished())
+
+
+def test_a_late_wait_on_another_thread_does_not_forget_a_new_job_with_the_reused_id():
+    # Thread A waits for store 1; the main thread sees store 1 reported and
+    # reuses id 1 for a new store of host block 1. A's bookkeeping for the old
+    # job, arriving late, must leave the new job tracked: a load of host block
+    # 1 is still refused until the new store is reported.
+    with make() as off, released(gated(off)) as gate:
+        off.store(1, [0, 1], [0])
+        old_job = off._pending[1]
+        gate.set()
+        settle(off, 1)  # reported: id 1 is free again
+        gate.clear()
+        off.store(1, [2, 3], [1])  # the new job 1, held
+        off._checks.observed([old_job])  # thread A's wait for the old job 1 returning now
+        with pytest.raises(ValueError, match=r"load job 2 reads host block 1 .*whose store job 1 has not"):
+            off.load(2, [1], [4, 5])
+        gate.set()
+        assert settle(off, 1) == {1: True}
+        off.load(2, [1], [4, 5])
+        assert settle(off, 2) == {2: True}
+
+
+@contextlib.contextmanager
+def released(gate):
+    """The gate, opened when the block ends, whatever happened in it: a held
+    job never keeps the offloader's shutdown waiting."""
+    try:
+        yield gate
+    finally:
+        gate.set()
+
+
+def overlaid_caches():
+    base = torch.arange(8 * 16, dtype=torch.float32).reshape(8, 16)
+    return {"a": base, "b": base.view(8, 2, 8)}, base
+
+
+def test_groups_that_view_one_allocation_through_different_tensors_conflict():
+    caches_, _ = overlaid_caches()
+    with (
+        KVCacheOffloader(caches_, 16, 16, num_host_blocks=8, groups=[[0], [1]], check=True) as off,
+        contextlib.ExitStack() as stack,
+    ):
+        off.store(9, [6], [1], group_sizes=[0, 1])
+        settle(off, 9)
+        gate = stack.enter_context(released(gated(off)))
+        off.store(1, [5], [0], group_sizes=[1, 0])  # group 0 reads block 5 of "a", held
+        with pytest.raises(
+            ValueError, match=r"load job 2 writes device block 5 of group 0, which store job 1"
+        ):
+            off.load(2, [1], [5], group_sizes=[0, 1])  # block 5 of "b": the same bytes
+        off.load(3, [1], [4], group_sizes=[0, 1])  # another block: no conflict
+        gate.set()
+        assert settle(off, 1, 3) == {1: True, 3: True}
+
+
+def test_overlaid_views_map_blocks_by_address_not_by_index():
+    # "b" starts half a block into "a": block 2 of "b" spans blocks 2 and 3 of "a".
+    base = torch.zeros(9 * 8)
+    caches_ = {"a": base[:64].view(8, 8), "b": base[4:68].view(8, 8)}
+    with (
+        KVCacheOffloader(caches_, 16, 16, num_host_blocks=8, groups=[[0], [1]], check=True) as off,
+        released(gated(off)) as gate,
+    ):
+        off.store(1, [3], [0], group_sizes=[1, 0])
+        with pytest.raises(ValueError, match=r"device block 3 of group 0, which store job 1"):
+            off.load(2, [1], [2], group_sizes=[0, 1])
+        with pytest.raises(ValueError, match=r"which holds nothing|device block 3 of group 0"):
+            off.load(3, [1], [3], group_sizes=[0, 1])
+        blocks = dict(off._checks._overlays.blocks(1, torch.tensor([0, 2, 7]).numpy()))
+        assert blocks[0].tolist() == [0, 1, 2, 3, 7] and blocks[1].tolist() == [0, 2, 7]
+        gate.set()
+        settle(off, 1)
+
+
+def test_interleaved_views_of_one_allocation_do_not_conflict():
+    # K and V halves of one [num_blocks, 2, ...] buffer share no byte.
+    base = torch.zeros(8, 2, 16)
+    caches_ = {"k": base[:, 0], "v": base[:, 1]}
+    with KVCacheOffloader(caches_, 16, 16, num_host_blocks=8, groups=[[0], [1]], check=True) as off:
+        assert [h for h, _ in off._checks._overlays.blocks(0, torch.arange(8).numpy())] == [0]

@@ -901,3 +901,39 @@ def test_typed_device_spec_carries_offsets_and_group_sizes():
         assert torch.equal(off.host_tensors[0][2 * 2 + 1], off.device_tensors[0][3])
         assert torch.equal(off.host_tensors[1][3 * 2 + 0], off.device_tensors[1][4])
         assert not off.host_tensors[0][2 * 2].any() and not off.host_tensors[1][3 * 2 + 1].any()
+
+
+def test_strict_load_after_a_failed_store_and_a_good_store_of_the_same_block_is_admitted():
+    with KVCacheOffloader({"a": torch.randn(8, 4)}, 1, 1, num_host_blocks=4, strict=True) as off:
+        gate, real = gated(off), off._copy
+        off._copy = lambda job: (_ for _ in ()).throw(RuntimeError("lost")) if job.job_id == 1 else real(job)
+        try:
+            off.store(1, [0], [2])  # fails
+            off.store(2, [3], [2])  # rewrites host block 2 and succeeds
+        finally:
+            gate.set()
+        off.wait({1, 2})
+        assert {r.job_id: r.success for r in off.get_finished()} == {1: False, 2: True}
+        off.load(3, [2], [5])
+        off.wait({3})
+        assert [r.success for r in off.get_finished()] == [True]
+        assert torch.equal(off.device_tensors[0][5], off.device_tensors[0][3])
+
+
+def test_strict_load_of_a_block_whose_only_store_failed_names_the_failed_job():
+    with KVCacheOffloader({"a": torch.randn(8, 4)}, 1, 1, num_host_blocks=4, strict=True) as off:
+        off._copy = lambda job: (_ for _ in ()).throw(RuntimeError("lost"))
+        off.store(1, [0], [2])
+        off.wait({1})
+        assert [r.success for r in off.get_finished()] == [False]
+        with pytest.raises(
+            ValueError, match=r"host block 2 .*whose latest store \(job 1\) failed.*store it again"
+        ):
+            off.load(3, [2], [5])
+
+
+def test_a_shut_down_offloader_says_what_to_do_instead():
+    off = KVCacheOffloader({"a": torch.randn(8, 4)}, 1, 1, num_host_blocks=4)
+    off.shutdown()
+    with pytest.raises(RuntimeError, match=r"is shut down .*get_finished\(\).*Build a new KVCacheOffloader"):
+        off.store(1, [0], [0])

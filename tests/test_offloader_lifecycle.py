@@ -12,6 +12,7 @@ tests/test_exit.py.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import select
 import signal
@@ -392,3 +393,88 @@ def test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working(k
     assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
     assert results[1].error == f"{kind.__name__}: inside the copy"
     off.shutdown()
+
+
+class Unprintable(RuntimeError):
+    def __str__(self):
+        raise ValueError("no message")
+
+
+class RaisingHandler(logging.Handler):
+    def handle(self, record):  # past logging's own error handling, as a test harness's may be
+        raise RuntimeError("the log handler failed")
+
+
+@pytest.mark.parametrize("fault", ["handler-raises", "message-raises", "handler-raises-base"])
+def test_a_report_that_raises_fails_the_job_and_the_lane_keeps_working(fault):
+    off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
+    real_copy = off._copy
+
+    def copy(job):
+        if job.job_id == 1:
+            raise Unprintable() if fault == "message-raises" else RuntimeError("inside the copy")
+        real_copy(job)
+
+    off._copy = copy
+    logger = logging.getLogger("torch_kvswap")
+    handler = RaisingHandler()
+    if fault == "handler-raises-base":
+        handler.handle = lambda record: (_ for _ in ()).throw(SystemExit("the log handler exited"))
+    if fault != "message-raises":
+        logger.addHandler(handler)
+    try:
+        for j in range(3):
+            off.store(j, [j], [j])
+        results, deadline = [], time.monotonic() + 20
+        while len(results) < 3 and time.monotonic() < deadline:
+            results += off.get_finished()
+        if len(results) < 3:  # a dead lane: exit must not wait on its jobs forever
+            lanes._LIVE.discard(off)
+    finally:
+        logger.removeHandler(handler)
+    assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
+    expected = "Unprintable (its message could not be formatted)" if fault == "message-raises" else None
+    assert results[1].error == (expected or "RuntimeError: inside the copy")
+    off.wait({5}, strict=False)
+    off.store(5, [5], [5])
+    off.wait({5})
+    assert [r.success for r in off.get_finished()] == [True]
+    off.shutdown()
+
+
+def test_ctrl_c_inside_get_finished_loses_no_report():
+    # SIGINT about every millisecond while the main thread polls: every job is
+    # reported exactly once, whichever step of get_finished the signal interrupts.
+    off = KVCacheOffloader({"l": torch.randn(64, 4, 4)}, 1, 1, num_host_blocks=64)
+    main, stop = threading.get_ident(), threading.Event()
+
+    def sender():
+        while not stop.wait(0.001):
+            signal.pthread_kill(main, signal.SIGINT)
+
+    reported, interrupts, submitted = [], 0, 0
+    thread = threading.Thread(target=sender)
+    deadline = time.monotonic() + 60
+    try:
+        thread.start()
+        while (len(reported) < 3000 or interrupts < 100) and time.monotonic() < deadline:
+            try:
+                if submitted - len(reported) < 8:
+                    off.store(submitted, [submitted % 64], [submitted % 64])
+                    submitted += 1
+                reported += [r.job_id for r in off.get_finished()]
+            except KeyboardInterrupt:
+                interrupts += 1
+    finally:
+        stop.set()
+        thread.join()
+    while True:  # the signals stopped: collect what is left
+        try:
+            off.wait(off.pending())
+            reported += [r.job_id for r in off.get_finished()]
+            break
+        except KeyboardInterrupt:
+            interrupts += 1
+    off.shutdown()
+    assert interrupts >= 20, "too few signals arrived to test anything"
+    assert sorted(reported) == list(range(submitted)), "a report was lost or repeated"

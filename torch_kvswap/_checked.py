@@ -152,18 +152,25 @@ class OffloaderChecks:
     * a store into a sub-block that a pending load still reads;
     * a store of device blocks that a pending load is still writing.
 
-    Groups that share a cache tensor share memory, so a job conflicts with a
-    pending job of any group that shares a tensor with its own. All methods
-    are called under the offloader's table lock.
+    Groups that share a cache tensor share its host mirror and its device
+    memory; groups whose tensors are different views of one allocation (a
+    hybrid model's groups overlaid on one buffer) share device memory. A job
+    conflicts with a pending job of another group wherever their blocks share
+    a byte: device blocks are compared through their addresses, whatever the
+    views. Jobs are tracked as objects, not by id: a caller may reuse an id
+    once the job is reported, while another thread's ``wait`` for the old job
+    still returns. All methods are called under the offloader's table lock.
     """
 
     def __init__(self, offloader: Any) -> None:
         self.factor = offloader.factor
         groups = offloader.groups
         self._group_of = {id(members): g for g, members in enumerate(groups)}
+        # groups whose host rows are the same memory: they share a tensor, so a mirror
         self._related = [
             [h for h, other in enumerate(groups) if set(members) & set(other)] for members in groups
         ]
+        self._overlays = _DeviceOverlays(offloader.device_tensors, groups)
         rows = offloader.num_host_blocks * self.factor
         ng, nd = len(groups), offloader.num_device_blocks
         self._stored = np.zeros((ng, rows), dtype=bool)
@@ -172,8 +179,8 @@ class OffloaderChecks:
         self._store_reading = np.zeros((ng, nd), dtype=np.int32)  # device blocks pending stores read
         # device blocks pending loads write, per load lane
         self._writing = {lane: np.zeros((ng, nd), dtype=np.int32) for lane in _LOAD_LANES}
-        # pending job id -> its lane and [(group, host rows, device ids)]
-        self._jobs: dict[int, tuple[str, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
+        # pending job id -> the job and [(group, host rows, device ids)]
+        self._jobs: dict[int, tuple[Any, list[tuple[int, np.ndarray, np.ndarray]]]] = {}
 
     def _where(self, row: int, g: int) -> str:
         return f"host block {row // self.factor} (sub-block {row % self.factor}, group {g})"
@@ -181,8 +188,8 @@ class OffloaderChecks:
     def _pending(self, lanes: tuple[str, ...], related: list[int], ids: np.ndarray, device: bool) -> int:
         """A pending job of ``lanes`` whose host rows (device=False) or device blocks include
         one of ``ids``."""
-        for job_id, (lane, parts) in self._jobs.items():
-            if lane not in lanes:
+        for job_id, (job, parts) in self._jobs.items():
+            if job.lane not in lanes:
                 continue
             for g, host, dev in parts:
                 if g in related and np.intersect1d(dev if device else host, ids).size:
@@ -199,31 +206,63 @@ class OffloaderChecks:
             return None
         return int(ids[hit[0]]), self._pending(lanes, [h], ids[hit[:1]], device=device)
 
-    def _refuse_store(self, job_id: int, g: int, h: int, host: np.ndarray, dev: np.ndarray) -> None:
-        """A store of group ``g`` may not write host rows that a pending load of
-        group ``h`` reads, nor read device blocks that one writes."""
-        found = self._first_hit(self._reading[h, host] > 0, host, h, _LOAD_LANES, device=False)
-        if found:
-            row, other = found
-            raise ValueError(
-                f"checked mode: store job {job_id} writes {self._where(row, g)}, "
-                f"which load job {other} still reads {_NOT_SEEN}; the load would copy a mix "
-                f"of old and new data. Store after job {other} is reported"
-            )
-        writing = sum(self._writing[lane][h, dev] for lane in _LOAD_LANES)
-        found = self._first_hit(writing > 0, dev, h, _LOAD_LANES, device=True)
-        if found:
-            block, other = found
-            raise ValueError(
-                f"checked mode: store job {job_id} reads device block {block} "
-                f"(group {g}), which load job {other} is still writing {_NOT_SEEN}; the "
-                f"store would save a half-loaded block. Store after job {other} is reported"
-            )
+    def _device_block(self, block: int, g: int, h: int) -> str:
+        return f"device block {block} (group {g})" if g == h else f"device block {block} of group {h}"
 
-    def _refuse_load(self, job_id: int, lane: str, g: int, h: int, host: np.ndarray, dev: np.ndarray) -> None:
-        """A load of group ``g`` may not read host rows that a pending store of
-        group ``h`` writes, nor write device blocks that one reads or that a
-        pending load of the other load lane writes."""
+    def _refuse_store(self, job_id: int, g: int, host: np.ndarray, dev: np.ndarray) -> None:
+        """A store of group ``g`` may not write host rows that a pending load
+        reads, nor read device blocks that one writes (in any group whose
+        memory overlaps)."""
+        for h in self._related[g]:
+            found = self._first_hit(self._reading[h, host] > 0, host, h, _LOAD_LANES, device=False)
+            if found:
+                row, other = found
+                raise ValueError(
+                    f"checked mode: store job {job_id} writes {self._where(row, g)}, "
+                    f"which load job {other} still reads {_NOT_SEEN}; the load would copy a mix "
+                    f"of old and new data. Store after job {other} is reported"
+                )
+        for h, blocks in self._overlays.blocks(g, dev):
+            writing = sum(self._writing[lane][h, blocks] for lane in _LOAD_LANES)
+            found = self._first_hit(writing > 0, blocks, h, _LOAD_LANES, device=True)
+            if found:
+                block, other = found
+                raise ValueError(
+                    f"checked mode: store job {job_id} reads {self._device_block(block, g, h)}, "
+                    f"which load job {other} is still writing {_NOT_SEEN}; the store would save "
+                    f"a half-loaded block. Store after job {other} is reported"
+                )
+
+    def _refuse_load(self, job_id: int, lane: str, g: int, host: np.ndarray, dev: np.ndarray) -> None:
+        """A load of group ``g`` may not read host rows that a pending store
+        writes, nor write device blocks that one reads or that a pending load
+        of the other load lane writes (in any group whose memory overlaps)."""
+        for h in self._related[g]:
+            self._refuse_load_of_storing(job_id, g, h, host)
+        other_lane = "expedited" if lane == "load" else "load"
+        for h, blocks in self._overlays.blocks(g, dev):
+            found = self._first_hit(self._store_reading[h, blocks] > 0, blocks, h, ("store",), device=True)
+            if found:
+                block, other = found
+                raise ValueError(
+                    f"checked mode: load job {job_id} writes {self._device_block(block, g, h)}, "
+                    f"which store job {other} still reads {_NOT_SEEN}; jobs of different lanes "
+                    "are not ordered, so the store may save the loaded bytes instead of the "
+                    f"block's. Load after job {other} is reported (wait for it first)"
+                )
+            found = self._first_hit(
+                self._writing[other_lane][h, blocks] > 0, blocks, h, (other_lane,), device=True
+            )
+            if found:
+                block, other = found
+                raise ValueError(
+                    f"checked mode: load job {job_id} writes {self._device_block(block, g, h)}, "
+                    f"which load job {other} of the {other_lane} lane is still writing "
+                    f"{_NOT_SEEN}; loads of different lanes are not ordered, so the block may "
+                    f"end up with either's bytes. Load after job {other} is reported"
+                )
+
+    def _refuse_load_of_storing(self, job_id: int, g: int, h: int, host: np.ndarray) -> None:
         hit = np.flatnonzero(self._storing[h, host] != _EMPTY)
         if hit.size:
             row = int(host[hit[0]])
@@ -235,25 +274,6 @@ class OffloaderChecks:
                 "ordered, so the load may copy the block before the store has "
                 f"written it. Load after job {other} is reported"
             )
-        found = self._first_hit(self._store_reading[h, dev] > 0, dev, h, ("store",), device=True)
-        if found:
-            block, other = found
-            raise ValueError(
-                f"checked mode: load job {job_id} writes device block {block} (group {g}), "
-                f"which store job {other} still reads {_NOT_SEEN}; jobs of different lanes "
-                "are not ordered, so the store may save the loaded bytes instead of the "
-                f"block's. Load after job {other} is reported (wait for it first)"
-            )
-        other_lane = "expedited" if lane == "load" else "load"
-        found = self._first_hit(self._writing[other_lane][h, dev] > 0, dev, h, (other_lane,), device=True)
-        if found:
-            block, other = found
-            raise ValueError(
-                f"checked mode: load job {job_id} writes device block {block} (group {g}), "
-                f"which load job {other} of the {other_lane} lane is still writing "
-                f"{_NOT_SEEN}; loads of different lanes are not ordered, so the block may "
-                f"end up with either's bytes. Load after job {other} is reported"
-            )
 
     def admit(self, job: Any) -> None:
         """Checks a job about to be queued and records it; raises ValueError naming the jobs."""
@@ -264,12 +284,10 @@ class OffloaderChecks:
             host, dev = (c.dst_ids, c.src_ids) if is_store else (c.src_ids, c.dst_ids)
             parts.append((g, host.numpy(), dev.numpy()))
         for g, host, dev in parts:
-            related = self._related[g]
-            for h in related:
-                if is_store:
-                    self._refuse_store(job.job_id, g, h, host, dev)
-                else:
-                    self._refuse_load(job.job_id, job.lane, g, h, host, dev)
+            if is_store:
+                self._refuse_store(job.job_id, g, host, dev)
+            else:
+                self._refuse_load(job.job_id, job.lane, g, host, dev)
             if not is_store:
                 hit = np.flatnonzero(~self._stored[g, host])
                 if hit.size:
@@ -285,7 +303,7 @@ class OffloaderChecks:
             for g, host, _ in parts:
                 self._storing[g, host] = job.job_id
                 self._stored[g, host] = False  # in flux until reported
-        self._jobs[job.job_id] = (job.lane, parts)
+        self._jobs[job.job_id] = (job, parts)
 
     def _count(self, job: Any, parts: list[tuple[int, np.ndarray, np.ndarray]], step: int) -> None:
         """Counts a pending job's reads and writes in (step=1) or out (step=-1)."""
@@ -304,10 +322,12 @@ class OffloaderChecks:
     def finish(self, job: Any, ok: bool) -> None:
         """Records that the caller saw ``job`` finish: ``get_finished`` reported it, or
         ``wait`` returned for it (a store that failed leaves its sub-blocks empty). Once
-        per job; later calls do nothing."""
-        entry = self._jobs.pop(job.job_id, None)
-        if entry is None:
+        per job; later calls do nothing, and so does a call for a job whose id
+        a newer job has taken (a ``wait`` on another thread returning late)."""
+        entry = self._jobs.get(job.job_id)
+        if entry is None or entry[0] is not job:
             return
+        del self._jobs[job.job_id]
         _, parts = entry
         self._count(job, parts, -1)
         if job.is_store:
@@ -315,6 +335,66 @@ class OffloaderChecks:
                 mine = host[self._storing[g, host] == job.job_id]  # not overwritten by a later store
                 self._storing[g, mine] = _EMPTY
                 self._stored[g, mine] = ok
+
+
+class _DeviceOverlays:
+    """Which device blocks of each group share bytes with given blocks of
+    another group (or the same group), from the cache tensors' addresses: a
+    tensor in both groups maps a block to itself; two views of one allocation
+    map a block to every block of the other view that it overlaps."""
+
+    def __init__(self, tensors: list[torch.Tensor], groups: list[list[int]]) -> None:
+        def layout(t: torch.Tensor) -> tuple[Any, int, int, int, int]:
+            es = t.element_size()
+            block = t[0].numel() * es if t.shape[0] else 0
+            return t.device, t.data_ptr(), t.stride(0) * es, block, t.shape[0]
+
+        layouts = [layout(t) for t in tensors]
+
+        def overlaps(i: int, j: int) -> bool:
+            (da, a0, sa, la, na), (db, b0, sb, lb, nb) = layouts[i], layouts[j]
+            if da != db or not (la and lb and na and nb):
+                return False
+            a_lo, a_hi = min(a0, a0 + (na - 1) * sa), max(a0, a0 + (na - 1) * sa) + la
+            b_lo, b_hi = min(b0, b0 + (nb - 1) * sb), max(b0, b0 + (nb - 1) * sb) + lb
+            return a_lo < b_hi and b_lo < a_hi
+
+        self._layouts = layouts
+        # (g, h) -> [(i, j)]: tensor i of g against tensor j of h, i == j meaning the same tensor
+        self._pairs: list[list[list[tuple[int, int]]]] = [
+            [[(i, j) for i in mine for j in theirs if i == j or overlaps(i, j)] for theirs in groups]
+            for mine in groups
+        ]
+
+    def blocks(self, g: int, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``[(h, blocks of h)]``: for each group ``h`` whose memory overlaps
+        blocks ``ids`` of group ``g``, the blocks of ``h`` they share bytes with."""
+        out = []
+        for h, pairs in enumerate(self._pairs[g]):
+            if pairs:
+                found = [ids if i == j else self._overlapping(i, j, ids) for i, j in pairs]
+                blocks = found[0] if len(found) == 1 else np.unique(np.concatenate(found))
+                if blocks.size:
+                    out.append((h, blocks))
+        return out
+
+    def _overlapping(self, i: int, j: int, ids: np.ndarray) -> np.ndarray:
+        """The blocks of tensor ``j`` that share a byte with blocks ``ids`` of tensor ``i``."""
+        _, a0, sa, la, _ = self._layouts[i]
+        _, b0, sb, lb, nb = self._layouts[j]
+        start = a0 + ids.astype(np.int64) * sa  # first byte of each block of i
+        if sb <= 0:  # every block of j at one place (or reversed): compare each with each
+            every = b0 + np.arange(nb, dtype=np.int64) * sb
+            hit = (start[:, None] < every[None, :] + lb) & (every[None, :] < start[:, None] + la)
+            return np.flatnonzero(hit.any(axis=0))
+        # block y of j overlaps [start, start + la) when b0 + y*sb < start + la
+        # and start < b0 + y*sb + lb
+        lo = np.maximum(np.floor_divide(start - b0 - lb, sb) + 1, 0)
+        hi = np.minimum(-np.floor_divide(b0 - start - la, sb) - 1, nb - 1)
+        count = np.maximum(hi - lo + 1, 0)
+        first = np.repeat(lo, count)
+        step = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        return np.unique(first + step)
 
 
 def attach(offloader: Any, check: bool | None) -> OffloaderChecks | None:

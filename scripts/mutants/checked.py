@@ -291,4 +291,35 @@ MUTANTS = [
         tests=_OFF,
         why="an offloader built in checked mode tracks its jobs without check=True",
     ),
+    dict(
+        name="checked-late-wait-forgets-the-new-job-with-its-id",
+        file=_PY,
+        where="OffloaderChecks.finish",
+        find="        if entry is None or entry[0] is not job:",
+        replace="        if entry is None:",
+        tests=[
+            "tests/test_checked_offloader.py::"
+            "test_a_late_wait_on_another_thread_does_not_forget_a_new_job_with_the_reused_id"
+        ],
+        why="a wait on another thread returning after the caller reused the job's id dropped the "
+        "new job from the tracker: a load over its pending store was admitted",
+    ),
+    dict(
+        name="checked-overlaid-views-seen-as-separate-memory",
+        file=_PY,
+        where="_DeviceOverlays.__init__",
+        find="if i == j or overlaps(i, j)",
+        replace="if i == j",
+        tests=_OFF,
+        why="groups that view one allocation through different tensors share device blocks",
+    ),
+    dict(
+        name="checked-overlay-one-block-too-many",
+        file=_PY,
+        where="_DeviceOverlays._overlapping",
+        find="hi = np.minimum(-np.floor_divide(b0 - start - la, sb) - 1, nb - 1)",
+        replace="hi = np.minimum(-np.floor_divide(b0 - start - la, sb), nb - 1)",
+        tests=_OFF,
+        why="blocks that only touch (K and V halves interleaved on one stride) share no byte",
+    ),
 ]

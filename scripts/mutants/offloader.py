@@ -457,4 +457,84 @@ MUTANTS = [
         why="a job shared the caller's int64 array or CPU tensor of ids: refilled for the next step "
         "before the job ran, it copied the wrong blocks, in silence",
     ),
+    dict(
+        name="lane-dies-when-the-report-raises",
+        file=_O + "lanes.py",
+        where="_run_lane",
+        find="""            try:
+                offloader._fail(job, exc)
+            except BaseException as report_exc:  # noqa: BLE001 - the report raised: the job still fails
+                job.error = job.error or describe(report_exc)
+""",
+        replace="""            offloader._fail(job, exc)
+""",
+        tests=[_LT + "test_a_report_that_raises_fails_the_job_and_the_lane_keeps_working"],
+        why="a log handler that raised while a failed copy was reported ended the lane's thread: "
+        "the next job never ran, and wait and exit hung",
+    ),
+    dict(
+        name="job-error-formats-an-unprintable-exception",
+        file=_O + "lanes.py",
+        where="describe",
+        find='        return f"{name} (its message could not be formatted)"',
+        replace="""        raise""",
+        tests=[_LT + "test_a_report_that_raises_fails_the_job_and_the_lane_keeps_working"],
+        why="an exception whose __str__ raises must still give the job an error text",
+    ),
+    dict(
+        name="log-handler-error-escapes-the-report",
+        file=_O + "lanes.py",
+        where="Lanes._fail",
+        find="with contextlib.suppress(Exception):",
+        replace="with contextlib.suppress(ArithmeticError):",
+        tests=[_LT + "test_a_report_that_raises_fails_the_job_and_the_lane_keeps_working"],
+        why="the job's own error, not the log handler's, is what get_finished reports",
+    ),
+    dict(
+        name="get-finished-drops-results-an-interrupt-cut-off",
+        file=_O + "lanes.py",
+        where="Lanes.get_finished",
+        find="""                    job = fifo[0]
+                    if job.result is None:
+                        job.result = self._report(job)
+                    if not (self._ready and self._ready[-1] is job.result):
+                        self._ready.append(job.result)
+                    fifo.popleft()""",
+        replace="""                    job = fifo.popleft()
+                    self._ready.append(self._report(job))""",
+        tests=[_LT + "test_ctrl_c_inside_get_finished_loses_no_report"],
+        why="Ctrl-C inside get_finished lost the jobs it had taken off their queue: never reported",
+    ),
+    dict(
+        name="strict-failed-store-unmarks-a-later-stores-rows",
+        file=_O + "offloader.py",
+        where="KVCacheOffloader._unmark_failed_store",
+        find="mine = self._last_store[rows] == job.serial",
+        replace="mine = self._last_store[rows] >= 0",
+        tests=[
+            "tests/test_offloader.py::"
+            "test_strict_load_after_a_failed_store_and_a_good_store_of_the_same_block_is_admitted"
+        ],
+        why="a failed store must not unmark host rows that a later store rewrote",
+    ),
+    dict(
+        name="strict-failed-store-reads-as-never-stored",
+        file=_O + "offloader.py",
+        where="KVCacheOffloader._track_stored",
+        find="                if failed >= 0:",
+        replace="                if False:",
+        tests=[
+            "tests/test_offloader.py::test_strict_load_of_a_block_whose_only_store_failed_names_the_failed_job"
+        ],
+        why="a load of a block whose store failed must say so, not that no store wrote it",
+    ),
+    dict(
+        name="shut-down-offloader-gives-no-way-forward",
+        file=_O + "lanes.py",
+        where="Lanes._submit",
+        find='"available from get_finished(). Build a new KVCacheOffloader for more jobs"',
+        replace='"available from get_finished()"',
+        tests=["tests/test_offloader.py::test_a_shut_down_offloader_says_what_to_do_instead"],
+        why="the error must say what to do instead",
+    ),
 ]

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
+import itertools
 import logging
 import os
 import queue
@@ -68,10 +70,25 @@ def _shutdown_live() -> None:
             logger.exception("kvswap: shutting down an offloader at exit failed")
 
 
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` for a job's error; never raises, even for an
+    exception whose ``__str__`` does."""
+    try:
+        name = type(exc).__name__
+    except BaseException:  # noqa: BLE001 - a hostile metaclass
+        name = "exception"
+    try:
+        return f"{name}: {exc}"
+    except BaseException:  # noqa: BLE001 - its __str__ raised
+        return f"{name} (its message could not be formatted)"
+
+
 def _run_lane(owner: weakref.ref, jobs: queue.SimpleQueue) -> None:
     """A lane's worker thread. It holds its offloader only while it copies a
     job, so a dropped offloader is collected once no copy runs (its mirrors
-    live until then); jobs still queued then are abandoned, never copied."""
+    live until then); jobs still queued then are abandoned, never copied.
+    Nothing a copy or its report raises ends the thread: the job is marked
+    done (failed) and the next one runs."""
     while (job := jobs.get()) is not None:
         offloader = owner()
         if offloader is None:
@@ -80,9 +97,13 @@ def _run_lane(owner: weakref.ref, jobs: queue.SimpleQueue) -> None:
         try:
             offloader._copy(job)
         except BaseException as exc:  # noqa: BLE001 - any kind, SystemExit too: the job failed, the lane goes on
-            offloader._fail(job, exc)
-        job.seconds = time.perf_counter() - t0
-        job.done.set()
+            try:
+                offloader._fail(job, exc)
+            except BaseException as report_exc:  # noqa: BLE001 - the report raised: the job still fails
+                job.error = job.error or describe(report_exc)
+        finally:
+            job.seconds = time.perf_counter() - t0
+            job.done.set()
         del offloader  # may collect it, on this thread: _stop_lanes only queues the stops
 
 
@@ -98,13 +119,18 @@ def _stop_lanes(generation: int, queues: dict | None, streams: dict | None) -> N
         stream.synchronize()
 
 
-@dataclass
+_serials = itertools.count()
+
+
+@dataclass(eq=False)
 class Job:
     job_id: int
     lane: str
     num_bytes: int
     # Kept alive until the job is reported: the copies read them.
     copies: list[Copy]
+    # Unique per job, unlike job_id, which the caller may reuse once reported.
+    serial: int = field(default_factory=lambda: next(_serials))
     start_event: Any = None
     end_event: Any = None
     # Stream path: set once the events are recorded (or the launch failed).
@@ -113,6 +139,9 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     seconds: float = 0.0
     error: str | None = None
+    # Set once get_finished has settled the job (see Lanes.get_finished).
+    result: TransferResult | None = None
+    events_returned: bool = False
 
     @property
     def is_store(self) -> bool:
@@ -126,7 +155,7 @@ class Job:
         try:
             return bool(self.end_event.query())
         except Exception as exc:  # noqa: BLE001 - an asynchronous device error
-            self.error = self.error or f"{type(exc).__name__}: {exc}"
+            self.error = self.error or describe(exc)
             return True
 
 
@@ -141,6 +170,8 @@ class Lanes:
         # One submission lock per lane keeps launch order equal to table order.
         self._lane_locks = {lane: threading.Lock() for lane in _LANES}
         self._pending: dict[int, Job] = {}  # submitted, not yet reported
+        # Results settled by get_finished and not yet returned by it (see there).
+        self._ready: list[TransferResult] = []
         self._fifo: dict[str, collections.deque[Job]] = {lane: collections.deque() for lane in _LANES}
         self._closed = False
         self._released = False
@@ -192,7 +223,11 @@ class Lanes:
         with self._lane_locks[lane]:  # launch order == table order, per lane
             with self._lock:
                 if self._closed:
-                    raise RuntimeError("KVCacheOffloader is shut down")
+                    raise RuntimeError(
+                        "KVCacheOffloader is shut down (shutdown() was called, or its with block "
+                        "ended), so it takes no new jobs; the results of earlier ones stay "
+                        "available from get_finished(). Build a new KVCacheOffloader for more jobs"
+                    )
                 if job.job_id in self._pending:
                     raise ValueError(f"job id {job.job_id} is already in flight or not yet reported")
                 if self._checks is not None:
@@ -240,8 +275,10 @@ class Lanes:
             job.end_event.record(stream)
 
     def _fail(self, job: Job, exc: BaseException) -> None:
-        job.error = f"{type(exc).__name__}: {exc}"
-        logger.error("kvswap: job %d (%s) failed: %s", job.job_id, job.lane, job.error)
+        job.error = describe(exc)
+        # A logging handler that raises loses the log line, not the job.
+        with contextlib.suppress(Exception):
+            logger.error("kvswap: job %d (%s) failed: %s", job.job_id, job.lane, job.error)
 
     def _get_event(self):
         with self._lock:
@@ -260,31 +297,45 @@ class Lanes:
         releases the GIL), so a caller polling in a tight loop does not starve
         the copy threads."""
         self._check_process()
-        results = []
+        # Ctrl-C may interrupt this call between any two steps. A job leaves
+        # its lane's queue only once its result is in self._ready, and the
+        # results leave self._ready in one swap, so an interrupted call loses
+        # nothing: the next call returns what it had settled.
         with self._lock:
             for lane in _LANES:
                 fifo = self._fifo[lane]
                 while fifo and fifo[0].finished():
-                    results.append(self._report(fifo.popleft()))
+                    job = fifo[0]
+                    if job.result is None:
+                        job.result = self._report(job)
+                    if not (self._ready and self._ready[-1] is job.result):
+                        self._ready.append(job.result)
+                    fifo.popleft()
+            results = self._ready
+            self._ready = []
             idle = not results and self._workers is not None and bool(self._pending)
         if idle:
             os.sched_yield()
         return results
 
     def _report(self, job: Job) -> TransferResult:
+        """The job's result, and the tables forget it. Safe to run again on
+        the same job after an interruption: each step is done once."""
         seconds = job.seconds
         if job.launched.is_set() and not job.done.is_set():
             try:
                 seconds = job.start_event.elapsed_time(job.end_event) * 1e-3
             except Exception as exc:  # noqa: BLE001 - an asynchronous device error
-                job.error = job.error or f"{type(exc).__name__}: {exc}"
-            self._event_pool += [job.start_event, job.end_event]
-        del self._pending[job.job_id]
-        if self._stored is not None and job.is_store and job.error is not None:
-            for c in job.copies:  # a failed store may have written part of its rows
-                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = False
-        kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
+                job.error = job.error or describe(exc)
+            if not job.events_returned:
+                job.events_returned = True
+                self._event_pool += [job.start_event, job.end_event]
+        if self._pending.get(job.job_id) is job:
+            del self._pending[job.job_id]
         ok = job.error is None
+        if self._stored is not None and job.is_store and not ok:
+            self._unmark_failed_store(job)
+        kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
         if self._checks is not None:
             self._checks.finish(job, ok)
         return TransferResult(job.job_id, ok, job.num_bytes if ok else 0, seconds, kind, job.error)
@@ -312,7 +363,7 @@ class Lanes:
                 try:
                     job.end_event.synchronize()
                 except Exception as exc:  # noqa: BLE001 - reported by get_finished
-                    job.error = job.error or f"{type(exc).__name__}: {exc}"
+                    job.error = job.error or describe(exc)
         if self._checks is not None:
             with self._lock:
                 self._checks.observed(jobs)  # the caller has seen them finish

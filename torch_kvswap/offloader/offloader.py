@@ -159,12 +159,13 @@ class KVCacheOffloader(Lanes):
         self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
         #: whether loads of never-stored host sub-blocks and waits on unknown ids are refused
         self.strict = bool(strict)
-        # strict: which host sub-block rows of which tensor a store has been submitted for
-        self._stored = (
-            np.zeros((len(self.device_tensors), self.num_host_blocks * self.factor), dtype=bool)
-            if self.strict
-            else None
-        )
+        # strict: which host sub-block rows of which tensor a store has been
+        # submitted for, the latest store of each (its Job.serial), and the id
+        # of the job whose failure left a row unwritten (-1: none)
+        shape = (len(self.device_tensors), self.num_host_blocks * self.factor)
+        self._stored = np.zeros(shape, dtype=bool) if self.strict else None
+        self._last_store = np.full(shape, -1, dtype=np.int64) if self.strict else None
+        self._failed_store = np.full(shape, -1, dtype=np.int64) if self.strict else None
         self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(
             self.device.type, self.device.type.upper() + "_DEVICE"
         )
@@ -362,10 +363,14 @@ class KVCacheOffloader(Lanes):
 
     def _track_stored(self, job: Job) -> None:
         """strict: a store marks the host rows it writes (a failed one unmarks
-        them, _report); a load may read only marked rows."""
+        those it was the latest store of, _unmark_failed_store); a load may
+        read only marked rows."""
         if job.is_store:
             for c in job.copies:
-                self._stored[np.ix_(c.tensors, c.dst_ids.numpy())] = True
+                rows = np.ix_(c.tensors, c.dst_ids.numpy())
+                self._stored[rows] = True
+                self._last_store[rows] = job.serial
+                self._failed_store[rows] = -1
             return
         for c in job.copies:
             rows = c.src_ids.numpy()
@@ -373,12 +378,32 @@ class KVCacheOffloader(Lanes):
             if not stored.all():
                 t, j = (int(x[0]) for x in np.nonzero(~stored))
                 row = int(rows[j])
-                raise ValueError(
+                where = (
                     f"load (job {job.job_id}) reads host block {row // self.factor} (sub-block "
-                    f"{row % self.factor}) of cache {self.cache_names[c.tensors[t]]}, which no store "
-                    "has written; strict=True refuses loads of never-stored host blocks (nothing "
-                    "was copied)"
+                    f"{row % self.factor}) of cache {self.cache_names[c.tensors[t]]}"
                 )
+                failed = int(self._failed_store[c.tensors[t], row])
+                if failed >= 0:
+                    raise ValueError(
+                        f"{where}, whose latest store (job {failed}) failed, so the block holds no "
+                        "complete data; store it again before loading it (strict=True; nothing "
+                        "was copied)"
+                    )
+                raise ValueError(
+                    f"{where}, which no store has written; strict=True refuses loads of "
+                    "never-stored host blocks (nothing was copied)"
+                )
+
+    def _unmark_failed_store(self, job: Job) -> None:
+        """strict: a failed store may have written part of its rows; those
+        that no later store rewrites hold nothing a load may read."""
+        for c in job.copies:
+            rows = np.ix_(c.tensors, c.dst_ids.numpy())
+            mine = self._last_store[rows] == job.serial
+            stored, failed = self._stored[rows], self._failed_store[rows]
+            stored[mine] = False
+            failed[mine] = job.job_id
+            self._stored[rows], self._failed_store[rows] = stored, failed
 
     def __enter__(self) -> KVCacheOffloader:
         return self
