@@ -168,6 +168,16 @@ void set_copy_method(c10::string_view method) {
   } else if (method == "dma") {
     m = CopyMethod::kDma;
   } else if (method == "kernel") {
+    // Only an engine's copy kernel serves it; the host engine has none.
+    bool any_kernel = false;
+    for (const auto type : {c10::DeviceType::CUDA, c10::DeviceType::PrivateUse1}) {
+      const EngineInterface* engine = engine_of(type);
+      any_kernel = any_kernel || (engine != nullptr && engine->copy_blocks != nullptr);
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(any_kernel,
+                                "copy method 'kernel' needs an engine with a copy kernel (CUDA), and none "
+                                "is loaded (torch.ops.kvswap._engines() lists those that are); use 'auto' "
+                                "or 'dma'");
     m = CopyMethod::kKernel;
   } else {
     TORCH_CHECK_VALUE(false, "method must be 'auto', 'dma' or 'kernel', got '", method, "'");
@@ -297,13 +307,29 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
   before_any_copy([&] {
     if (sid.device().is_cpu() && did.device().is_cpu()) {
       check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
-    } else if (checked_mode()) {
+      return;
+    }
+    // Any id may name any block, and the kernel only knows size(0).
+    check_all_blocks_in_storage(pairs);
+    if (checked_mode()) {
       check_device_resident_ids(sid, did, pairs, device);
     } else {
       check_no_aliasing_pairs(pairs, "the block ids are on the device, where they are not read back");
     }
   });
   engine_for(device, "to copy").copy_blocks(src_caches, dst_caches, sid, did);
+}
+
+}  // namespace
+
+namespace {
+
+// As copy_ does, so that autograd refuses a backward that needs values the
+// copy overwrote. Inference tensors have no version counter.
+void bump_versions(at::TensorList dst_caches) {
+  for (const auto& t : dst_caches) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  }
 }
 
 }  // namespace
@@ -317,6 +343,7 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at:
                                                      dst_block_ids);
                                 }) == Path::kKernel) {
     swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs, route.device);
+    bump_versions(dst_caches);
     // The kernel reads or writes the mapped host caches when it runs.
     record_host_use(src_caches, dst_caches, route.device);
     return;
@@ -331,6 +358,7 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at:
     if (accelerator && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
     return d;
   });
+  bump_versions(dst_caches);
   if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   submit(descriptors, route.direction, route.device);
   if (accelerator) record_host_use(src_caches, dst_caches, route.device);
