@@ -89,7 +89,10 @@ def test_last_block_within_the_storage_copies_and_the_next_is_refused(side, offs
     torch_kvswap.swap_blocks([src], [dst], *pick(last))
     got = dst[0] if side == "src" else dst[last]
     assert torch.equal(got, torch.full((BLOCK,), 5.0))
-    before = base_dst.untyped_storage().nbytes(), dst[: min(dst.untyped_storage().nbytes() // BLOCK_BYTES, 8)].clone()
+    before = (
+        base_dst.untyped_storage().nbytes(),
+        dst[: min(dst.untyped_storage().nbytes() // BLOCK_BYTES, 8)].clone(),
+    )
     with pytest.raises(RuntimeError, match=rf"block {first_out} of {side}_caches\[0\].* out of bounds"):
         torch_kvswap.swap_blocks([src], [dst], *pick(first_out))
     assert torch.equal(dst[: before[1].shape[0]], before[1])

@@ -86,10 +86,11 @@ struct Touch {
   };
   TORCH_CHECK_VALUE(false, name(a), " and ", name(b), " share the bytes ", std::hex, "0x", b.begin, "..0x",
                     std::min(a.end, b.end) - 1, std::dec, " (", std::min(a.end, b.end) - b.begin, " bytes): ",
-                    a.pair == b.pair ? "a byte may not be both read and written in one call, whose copies run "
-                                       "concurrently"
-                                     : "in one call, the bytes that one cache pair writes may not be read or "
-                                       "written by another pair, whose copies run concurrently");
+                    a.pair == b.pair
+                        ? "a byte may not be both read and written in one call, whose copies run "
+                          "concurrently"
+                        : "in one call, the bytes that one cache pair writes may not be read or "
+                          "written by another pair, whose copies run concurrently");
 }
 
 // The exact comparison over the blocks the call copies on the `suspect`
@@ -203,13 +204,14 @@ void check_cross_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n
   compare_touched_blocks(sid, did, n, pairs, suspects);
 }
 
-void check_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n, const std::vector<PairLayout>& pairs,
-                         size_t i) {
+void check_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n,
+                         const std::vector<PairLayout>& pairs, size_t i) {
   const auto& p = pairs[i];
   if (n == 0 || !blocks_can_meet(p.src, p.dst, p.block_bytes, p.block_bytes)) return;
   const auto pair = static_cast<int32_t>(i);
-  compare_touched_blocks(sid, did, n, pairs,
-                         {extent_of(p.src, p.block_bytes, pair, false), extent_of(p.dst, p.block_bytes, pair, true)});
+  compare_touched_blocks(
+      sid, did, n, pairs,
+      {extent_of(p.src, p.block_bytes, pair, false), extent_of(p.dst, p.block_bytes, pair, true)});
 }
 
 void check_no_aliasing_pairs(const std::vector<PairLayout>& pairs, const char* why) {

@@ -244,8 +244,8 @@ void check_cross_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n
 // For ids in range, where pair `i`'s source and destination share memory
 // with different layouts: no block it reads shares a byte with a block it
 // writes (blocks interleaved on one stride without sharing bytes are apart).
-void check_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n, const std::vector<PairLayout>& pairs,
-                         size_t i);
+void check_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n,
+                         const std::vector<PairLayout>& pairs, size_t i);
 
 // Without the ids (block ids on the device, which are not read back): no
 // pair's written cache may share memory with another pair's caches at all,

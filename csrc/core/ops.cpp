@@ -322,18 +322,6 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
 
 }  // namespace
 
-namespace {
-
-// As copy_ does, so that autograd refuses a backward that needs values the
-// copy overwrote. Inference tensors have no version counter.
-void bump_versions(at::TensorList dst_caches) {
-  for (const auto& t : dst_caches) {
-    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
-  }
-}
-
-}  // namespace
-
 void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at::Tensor& src_block_ids,
                  const at::Tensor& dst_block_ids) {
   const auto route =
@@ -343,7 +331,6 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at:
                                                      dst_block_ids);
                                 }) == Path::kKernel) {
     swap_blocks_by_kernel(src_caches, dst_caches, src_block_ids, dst_block_ids, route.pairs, route.device);
-    bump_versions(dst_caches);
     // The kernel reads or writes the mapped host caches when it runs.
     record_host_use(src_caches, dst_caches, route.device);
     return;
@@ -358,7 +345,6 @@ void swap_blocks(at::TensorList src_caches, at::TensorList dst_caches, const at:
     if (accelerator && d.count > 0) check_host_caches_pinned(src_caches, dst_caches, route.device);
     return d;
   });
-  bump_versions(dst_caches);
   if (descriptors.count == 0) return;  // nothing to copy: no engine is asked anything
   submit(descriptors, route.direction, route.device);
   if (accelerator) record_host_use(src_caches, dst_caches, route.device);

@@ -132,8 +132,9 @@ std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList d
   for (const auto i : c10::irange(src_caches.size())) {
     const auto& s = src_caches[i];
     const auto& d = dst_caches[i];
-    TORCH_CHECK_TYPE(s.scalar_type() == d.scalar_type(), "src_caches[", i, "] is ", dtype_name(s.scalar_type()),
-                     " but dst_caches[", i, "] is ", dtype_name(d.scalar_type()));
+    TORCH_CHECK_TYPE(s.scalar_type() == d.scalar_type(), "src_caches[", i, "] is ",
+                     dtype_name(s.scalar_type()), " but dst_caches[", i, "] is ",
+                     dtype_name(d.scalar_type()));
     const int64_t sb = block_bytes_of(s, "src_caches", i);
     const int64_t db = block_bytes_of(d, "dst_caches", i);
     TORCH_CHECK_VALUE(sb == db, "src_caches[", i, "] has ", sb, " bytes per block (shape ", s.sizes(),
@@ -175,15 +176,16 @@ void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_cach
 }
 
 void check_ids_tensor(const at::Tensor& ids, const char* name) {
-  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, name, " must be int64, got ", dtype_name(ids.scalar_type()));
+  TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, name, " must be int64, got ",
+                   dtype_name(ids.scalar_type()));
   TORCH_CHECK_VALUE(ids.dim() == 1, name, " must be 1-D, got shape ", ids.sizes());
 }
 
 namespace {
 
 // `what` names the block ("src_block_ids[3] = 1000", "block 64").
-[[noreturn]] void report_outside_storage(const CacheLayout& c, int64_t block_bytes, const char* list, size_t i,
-                                         int64_t block, const std::string& what) {
+[[noreturn]] void report_outside_storage(const CacheLayout& c, int64_t block_bytes, const char* list,
+                                         size_t i, int64_t block, const std::string& what) {
   const int64_t first = c.storage_begin + block * c.stride;
   TORCH_CHECK(false, what, ": block ", block, " of ", list, "[", i, "] needs bytes ", first, "..",
               first + block_bytes - 1, " of its storage, out of bounds for storage of size ", c.storage_bytes,
