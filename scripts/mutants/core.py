@@ -14,6 +14,7 @@ REGISTRY = "tests/test_registry.py"
 ALIASING = "tests/test_aliasing.py"
 STORAGE = "tests/test_storage.py"
 VERSIONS = "tests/test_version_counter.py"
+ALIASING_PROPERTY = "tests/test_aliasing_property.py"
 
 VALIDATION = "csrc/core/validation.cpp"
 DESCRIPTORS = "csrc/core/descriptors.cpp"
@@ -785,7 +786,7 @@ MUTANTS = [
         where="check_block_ids",
         find="check_pair_aliasing(sid, did, n, pairs, i);",
         replace='TORCH_CHECK_VALUE(false, "overlap in memory with different layouts");',
-        tests=[SWAP],
+        tests=[SWAP, ALIASING_PROPERTY],
         why="K half -> V half of one [nb, 2, W] cache is refused though no byte is shared",
     ),
     dict(
