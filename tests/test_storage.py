@@ -172,3 +172,21 @@ def test_offloader_reports_a_freed_device_cache_as_a_failed_job():
     outcome = run_isolated(offloader_with_freed_device_cache)
     assert not outcome.crashed, outcome.message
     assert outcome.error_type is None, outcome.message
+
+
+@pytest.mark.parametrize("id_place", ["host", "device"])
+@pytest.mark.parametrize("method", ["auto", "dma"])
+@pytest.mark.parametrize("size", [0, 4096])
+def test_device_to_host_copy_refuses_a_block_outside_the_host_storage(fake_cuda, id_place, method, size):
+    # The fake CUDA engine: its descriptor path, with host ids or device ids read back.
+    F = fake_cuda
+    torch_kvswap.set_copy_method(method)
+    src = [F.device_copy(torch.ones(64, 256, dtype=torch.uint8), 0)]
+    dst = [shrink(torch.zeros(64, 256, dtype=torch.uint8), size)]
+    sid, did = ids([0]), ids([20])
+    if id_place == "device":
+        sid, did = F.device_copy(sid, 0), F.device_copy(did, 0)
+    with pytest.raises(
+        RuntimeError, match=rf"block 20 of dst_caches\[0\] needs bytes 5120\.\.5375 .* size {size}"
+    ):
+        torch_kvswap.swap_blocks(src, dst, sid, did)
