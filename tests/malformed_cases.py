@@ -263,7 +263,8 @@ def swap_read_and_write_same_block():
 
 def swap_overlapping_views():
     buf = torch.zeros(40)
-    _swap(src=[buf[:32].view(8, 4)], dst=[buf[2:34].view(8, 4)], sid=_ids(0), did=_ids(5))
+    # Source block 1 (elements 4..7) and destination block 0 (elements 2..5) share bytes.
+    _swap(src=[buf[:32].view(8, 4)], dst=[buf[2:34].view(8, 4)], sid=_ids(1), did=_ids(0))
 
 
 def swap_dst_blocks_overlap():
@@ -317,8 +318,8 @@ def expand_overflow():
 
 
 CASES = {
-    "batch_src_int32": (batch_src_int32, TypeError, r"src_ptrs must be int64, got Int"),
-    "batch_dst_float": (batch_dst_float, TypeError, r"dst_ptrs must be int64, got Float"),
+    "batch_src_int32": (batch_src_int32, TypeError, r"src_ptrs must be int64, got torch\.int32"),
+    "batch_dst_float": (batch_dst_float, TypeError, r"dst_ptrs must be int64, got torch\.float32"),
     "batch_sizes_int32": (batch_sizes_int32, TypeError, r"sizes must be int64"),
     "batch_src_2d": (batch_src_2d, ValueError, r"src_ptrs must be 1-D, got 2-D"),
     "batch_sizes_0d": (batch_sizes_0d, ValueError, r"sizes must be 1-D, got 0-D"),
@@ -342,7 +343,7 @@ CASES = {
     "swap_dtype_mismatch": (
         swap_dtype_mismatch,
         TypeError,
-        r"src_caches\[0\] is Float but dst_caches\[0\] is Half",
+        r"src_caches\[0\] is torch\.float32 but dst_caches\[0\] is torch\.float16",
     ),
     "swap_block_bytes_mismatch": (
         swap_block_bytes_mismatch,
@@ -387,7 +388,7 @@ CASES = {
         r"dst_block_ids\[1\] = 5 is out of range for dst_caches\[1\], which has 4 blocks",
     ),
     "swap_id_lengths": (swap_id_lengths, ValueError, r"src_block_ids has 3 ids but dst_block_ids has 2"),
-    "swap_ids_int32": (swap_ids_int32, TypeError, r"src_block_ids must be int64"),
+    "swap_ids_int32": (swap_ids_int32, TypeError, r"src_block_ids must be int64, got torch\.int32"),
     "swap_ids_2d": (swap_ids_2d, ValueError, r"dst_block_ids must be 1-D"),
     "swap_duplicate_dst_ids": (
         swap_duplicate_dst_ids,
@@ -402,7 +403,8 @@ CASES = {
     "swap_overlapping_views": (
         swap_overlapping_views,
         ValueError,
-        r"overlap in memory with different layouts",
+        r"dst_caches\[0\] block 0 \(dst_block_ids\[0\], written\) and src_caches\[0\] block 1 "
+        r"\(src_block_ids\[0\], read\) share the bytes .*: a byte may not be both read and written",
     ),
     "swap_dst_blocks_overlap": (
         swap_dst_blocks_overlap,
@@ -433,7 +435,7 @@ CASES = {
     ),
     "expand_skip_equal_to_factor": (expand_skip_equal_to_factor, ValueError, r"got 4"),
     "expand_negative_id": (expand_negative_id, ValueError, r"block_ids\[1\] is -3"),
-    "expand_int32": (expand_int32, TypeError, r"block_ids must be int64, got Int"),
+    "expand_int32": (expand_int32, TypeError, r"block_ids must be int64, got torch\.int32"),
     "expand_2d": (expand_2d, ValueError, r"block_ids must be 1-D"),
     "expand_overflow": (
         expand_overflow,

@@ -172,7 +172,9 @@ def test_import_without_the_compiled_core_says_how_to_build(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["auto", "dma", "kernel"])
-def test_copy_method_round_trips(method):
+def test_copy_method_round_trips(method, request):
+    if method == "kernel":
+        request.getfixturevalue("fake_cuda")  # an engine with a copy kernel
     try:
         torch_kvswap.set_copy_method(method)
         assert torch_kvswap.get_copy_method() == method
@@ -186,7 +188,15 @@ def test_unknown_copy_method_is_rejected():
     assert torch_kvswap.get_copy_method() == "auto"
 
 
-def test_host_copies_ignore_the_copy_method():
+def test_kernel_copy_method_without_a_kernel_engine_is_an_error():
+    if "cuda" in torch.ops.kvswap._engines():  # pragma: no cover - a GPU kit
+        pytest.skip("a CUDA engine is loaded")
+    with pytest.raises(NotImplementedError, match=r"copy method 'kernel' needs an engine with a copy kernel"):
+        torch_kvswap.set_copy_method("kernel")
+    assert torch_kvswap.get_copy_method() == "auto"
+
+
+def test_host_copies_ignore_the_copy_method(fake_cuda):
     # The host engine has one path; "kernel" only applies to accelerator caches.
     src, dst = [torch.arange(8.0).view(4, 2)], [torch.zeros(4, 2)]
     try:

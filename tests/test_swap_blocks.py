@@ -340,3 +340,31 @@ def test_meta_caches_with_meta_ids_check_shapes_only():
         torch.tensor([1], device="meta"),
     )
     assert dst.shape == (4, 2)
+
+
+def test_blocks_without_elements_copy_nothing():
+    # [num_blocks, 4, 0]: dim 1's stride says nothing about a block with no bytes.
+    src, dst = torch.zeros(8, 4, 0), torch.zeros(8, 4, 0)
+    torch_kvswap.swap_blocks([src], [dst], ids([7, 0]), ids([1, 2]))
+    assert plan_blocks([src], [dst], ids([7]), ids([1])) == [[], [], []]
+
+
+def test_k_half_copies_into_the_v_half_of_one_cache():
+    # [num_blocks, 2, W]: the halves interleave on one stride and share no byte.
+    cache = random_cache((8, 2, 16), torch.float32, seed=5)
+    want = cache.clone()
+    want[:, 1][ids([0, 3, 7])] = want[:, 0][ids([2, 3, 5])]
+    torch_kvswap.swap_blocks([cache[:, 0]], [cache[:, 1]], ids([2, 3, 5]), ids([0, 3, 7]))
+    assert torch.equal(cache, want)
+
+
+def test_dtype_mismatch_names_torch_dtypes():
+    with pytest.raises(
+        TypeError, match=r"src_caches\[0\] is torch\.bfloat16 but dst_caches\[0\] is torch\.float16"
+    ):
+        torch_kvswap.swap_blocks(
+            [torch.zeros(4, 2, dtype=torch.bfloat16)],
+            [torch.zeros(4, 2, dtype=torch.float16)],
+            ids([0]),
+            ids([1]),
+        )

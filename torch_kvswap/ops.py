@@ -149,8 +149,10 @@ def set_copy_method(method: str) -> None:
 
     ``"auto"`` (default): the engine's copy kernel for blocks under 32 KiB,
     batched DMA above; ``"dma"``: always descriptors and the DMA API;
-    ``"kernel"``: always the copy kernel (CUDA only; an error elsewhere).
-    Process-wide. The host and Ascend engines have only the DMA path.
+    ``"kernel"``: always the copy kernel (CUDA only: ``NotImplementedError``
+    when no loaded engine has a copy kernel). Process-wide; host-to-host
+    copies take the host engine's one path whatever the choice. The host and
+    Ascend engines have only the DMA path.
     """
     torch.ops.kvswap._set_copy_method(method)
 

@@ -85,15 +85,17 @@ struct Touch {
     return s.str();
   };
   TORCH_CHECK_VALUE(false, name(a), " and ", name(b), " share the bytes ", std::hex, "0x", b.begin, "..0x",
-                    std::min(a.end, b.end) - 1, std::dec, " (", std::min(a.end, b.end) - b.begin,
-                    " bytes): in one call, the bytes that one cache pair writes may not be read or "
-                    "written by another pair, whose copies run concurrently");
+                    std::min(a.end, b.end) - 1, std::dec, " (", std::min(a.end, b.end) - b.begin, " bytes): ",
+                    a.pair == b.pair
+                        ? "a byte may not be both read and written in one call, whose copies run "
+                          "concurrently"
+                        : "in one call, the bytes that one cache pair writes may not be read or "
+                          "written by another pair, whose copies run concurrently");
 }
 
 // The exact comparison over the blocks the call copies on the `suspect`
 // sides: sorted by start, a block that overlaps an earlier one with a write
-// on either side is a conflict. Same-pair overlaps cannot occur here:
-// check_block_ids refused them before.
+// on either side is a conflict.
 void compare_touched_blocks(const int64_t* sid, const int64_t* did, int64_t n,
                             const std::vector<PairLayout>& pairs, const std::vector<Extent>& suspects) {
   std::vector<Touch> touched;
@@ -128,7 +130,7 @@ struct Suspects {
 
 // The last two layouts this thread found free of suspects. The verdict
 // depends on the layouts alone, so the same layouts need no second look.
-static_assert(sizeof(PairLayout) == 7 * sizeof(int64_t), "PairLayout is compared bytewise");
+static_assert(sizeof(PairLayout) == 13 * sizeof(int64_t), "PairLayout is compared bytewise");
 // Two entries: a thread that alternates stores and loads (an offloader on an
 // accelerator launches both from the caller's thread) passes two layouts,
 // the same caches with source and destination swapped.
@@ -200,6 +202,16 @@ void check_cross_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n
         extent_of(is_dst ? pairs[pair].dst : pairs[pair].src, pairs[pair].block_bytes, pair, is_dst));
   }
   compare_touched_blocks(sid, did, n, pairs, suspects);
+}
+
+void check_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n,
+                         const std::vector<PairLayout>& pairs, size_t i) {
+  const auto& p = pairs[i];
+  if (n == 0 || !blocks_can_meet(p.src, p.dst, p.block_bytes, p.block_bytes)) return;
+  const auto pair = static_cast<int32_t>(i);
+  compare_touched_blocks(
+      sid, did, n, pairs,
+      {extent_of(p.src, p.block_bytes, pair, false), extent_of(p.dst, p.block_bytes, pair, true)});
 }
 
 void check_no_aliasing_pairs(const std::vector<PairLayout>& pairs, const char* why) {

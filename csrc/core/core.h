@@ -158,12 +158,23 @@ void record_host_use(at::TensorList src_caches, at::TensorList dst_caches, c10::
 
 // --- validation.cpp ---------------------------------------------------------
 
+// torch's Python name of a dtype ("torch.int32", not C++'s "Int"), for errors
+// that users read next to their Python code.
+std::string dtype_name(c10::ScalarType type);
+
 // Where the blocks of one cache tensor live: block b starts at
-// base + b * stride and spans the pair's block_bytes.
+// base + b * stride and spans the pair's block_bytes. A storage resized or
+// freed after the tensor was made (untyped_storage().resize_) leaves its
+// sizes as they were: only the first in_storage blocks lie within the
+// storage's storage_bytes bytes now (block b begins storage_begin +
+// b * stride bytes into it). A tensor without storage counts all its blocks.
 struct CacheLayout {
   int64_t base;
   int64_t stride;
   int64_t num_blocks;
+  int64_t in_storage;
+  int64_t storage_begin;
+  int64_t storage_bytes;
 };
 
 struct PairLayout {
@@ -212,6 +223,11 @@ void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_cach
 // A block-id tensor: int64 and 1-D.
 void check_ids_tensor(const at::Tensor& ids, const char* name);
 
+// Every block of every cache lies within its storage as it is now; for
+// block ids that are not read (the kernel path's device ids), where each
+// id could name any block.
+void check_all_blocks_in_storage(const std::vector<PairLayout>& pairs);
+
 // Every id in range for every tensor it indexes, no destination block written
 // twice, no block both read and written when a pair shares memory, and no
 // pair writing what another pair reads or writes (check_cross_pair_aliasing).
@@ -224,6 +240,12 @@ void check_block_ids(const int64_t* sid, const int64_t* did, int64_t n, const st
 // writes. A ValueError names both blocks and the shared bytes.
 void check_cross_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n,
                                const std::vector<PairLayout>& pairs);
+
+// For ids in range, where pair `i`'s source and destination share memory
+// with different layouts: no block it reads shares a byte with a block it
+// writes (blocks interleaved on one stride without sharing bytes are apart).
+void check_pair_aliasing(const int64_t* sid, const int64_t* did, int64_t n,
+                         const std::vector<PairLayout>& pairs, size_t i);
 
 // Without the ids (block ids on the device, which are not read back): no
 // pair's written cache may share memory with another pair's caches at all,

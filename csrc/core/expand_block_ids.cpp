@@ -17,7 +17,7 @@ struct ExpandShape {
 // The checks that need no id values.
 ExpandShape check_expand_args(const at::Tensor& block_ids, int64_t factor, int64_t skip_count) {
   TORCH_CHECK_TYPE(block_ids.scalar_type() == at::kLong, "block_ids must be int64, got ",
-                   block_ids.scalar_type());
+                   dtype_name(block_ids.scalar_type()));
   TORCH_CHECK_VALUE(block_ids.dim() == 1, "block_ids must be 1-D, got shape ", block_ids.sizes());
   TORCH_CHECK_VALUE(factor >= 1, "block_size_factor must be >= 1, got ", factor);
   TORCH_CHECK_VALUE(skip_count >= 0 && skip_count < factor, "skip_count must be in [0, ",

@@ -168,6 +168,16 @@ void set_copy_method(c10::string_view method) {
   } else if (method == "dma") {
     m = CopyMethod::kDma;
   } else if (method == "kernel") {
+    // Only an engine's copy kernel serves it; the host engine has none.
+    bool any_kernel = false;
+    for (const auto type : {c10::DeviceType::CUDA, c10::DeviceType::PrivateUse1}) {
+      const EngineInterface* engine = engine_of(type);
+      any_kernel = any_kernel || (engine != nullptr && engine->copy_blocks != nullptr);
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(any_kernel,
+                                "copy method 'kernel' needs an engine with a copy kernel (CUDA), and none "
+                                "is loaded (torch.ops.kvswap._engines() lists those that are); use 'auto' "
+                                "or 'dma'");
     m = CopyMethod::kKernel;
   } else {
     TORCH_CHECK_VALUE(false, "method must be 'auto', 'dma' or 'kernel', got '", method, "'");
@@ -297,7 +307,11 @@ void swap_blocks_by_kernel(at::TensorList src_caches, at::TensorList dst_caches,
   before_any_copy([&] {
     if (sid.device().is_cpu() && did.device().is_cpu()) {
       check_block_ids(sid.const_data_ptr<int64_t>(), did.const_data_ptr<int64_t>(), sid.numel(), pairs);
-    } else if (checked_mode()) {
+      return;
+    }
+    // Any id may name any block, and the kernel only knows size(0).
+    check_all_blocks_in_storage(pairs);
+    if (checked_mode()) {
       check_device_resident_ids(sid, did, pairs, device);
     } else {
       check_no_aliasing_pairs(pairs, "the block ids are on the device, where they are not read back");

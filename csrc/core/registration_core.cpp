@@ -3,6 +3,8 @@
 // test extension's hooks (test_hooks.h). The
 // engines register no kernel: the core calls the EngineInterface each one
 // installed (engines.cpp).
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "core.h"
@@ -24,6 +26,28 @@ void register_device_generic(torch::Library& m) {
   m.impl("expand_block_ids", &expand_block_ids);
 }
 
+// swap_blocks' ADInplaceOrView kernel, as copy_'s: the destinations' version
+// counters go up, so that autograd refuses a backward that needs values the
+// copy overwrote. At this key (above functionalization) the bump is seen by
+// torch.compile's tracing too, not only in eager mode. Inference tensors have
+// no version counter.
+void swap_blocks_inplace_or_view(c10::DispatchKeySet keys, at::TensorList src_caches,
+                                 at::TensorList dst_caches, const at::Tensor& src_block_ids,
+                                 const at::Tensor& dst_block_ids) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("kvswap::swap_blocks", "")
+          .typed<void(at::TensorList, at::TensorList, const at::Tensor&, const at::Tensor&)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatch(keys & c10::after_ADInplaceOrView_keyset, src_caches, dst_caches, src_block_ids,
+                  dst_block_ids);
+  }
+  for (const auto& t : dst_caches) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  }
+}
+
 }  // namespace
 
 const CoreTestHooks kTestHooks{
@@ -42,6 +66,9 @@ TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
   // The buffer is a CPU tensor; the core hands the call to the engine of
   // the device argument.
   m.impl("_host_register", &kvswap::core::host_register);
+}
+TORCH_LIBRARY_IMPL(kvswap, ADInplaceOrView, m) {
+  m.impl("swap_blocks", &kvswap::core::swap_blocks_inplace_or_view);
 }
 TORCH_LIBRARY_IMPL(kvswap, CUDA, m) { kvswap::core::register_device_generic(m); }
 TORCH_LIBRARY_IMPL(kvswap, PrivateUse1, m) { kvswap::core::register_device_generic(m); }

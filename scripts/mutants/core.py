@@ -12,11 +12,16 @@ EXPAND = "tests/test_expand_block_ids.py"
 BENCH = "tests/test_demo_and_bench.py"
 REGISTRY = "tests/test_registry.py"
 ALIASING = "tests/test_aliasing.py"
+STORAGE = "tests/test_storage.py"
+VERSIONS = "tests/test_version_counter.py"
+ALIASING_PROPERTY = "tests/test_aliasing_property.py"
 
 VALIDATION = "csrc/core/validation.cpp"
 DESCRIPTORS = "csrc/core/descriptors.cpp"
 HOST = "csrc/host/host_engine.cpp"
 ALIASING_CPP = "csrc/core/aliasing.cpp"
+OPS_CPP = "csrc/core/ops.cpp"
+REGISTRATION_CPP = "csrc/core/registration_core.cpp"
 
 MUTANTS = [
     # --- validation (csrc/core/validation.cpp) --------------------------------
@@ -68,11 +73,11 @@ MUTANTS = [
     dict(
         name="overlapping_layouts_allowed",
         file=VALIDATION,
-        where="check_block_ids",
-        find="TORCH_CHECK_VALUE(p.src.base == p.dst.base && p.src.stride == p.dst.stride,",
-        replace="TORCH_CHECK_VALUE(true,",
+        where="check_pair_aliasing",
+        find="if (n == 0 || !blocks_can_meet(p.src, p.dst, p.block_bytes, p.block_bytes)) return;",
+        replace="return;",
         tests=[MALFORMED],
-        why="source and destination views overlapping with different layouts are accepted",
+        why="source and destination views of one pair with different layouts that share bytes are accepted",
     ),
     dict(
         name="touching_caches_seen_as_overlapping",
@@ -710,5 +715,96 @@ MUTANTS = [
         replace="  if (false) {",
         tests=[EXPAND],
         why="no ids with a huge factor: the accelerator path allocates arange(factor) and fails",
+    ),
+    # --- storage, versions and exact messages ---------------------------------
+    dict(
+        name="storage_ignored_in_dst_range",
+        file=VALIDATION,
+        where="check_block_ids",
+        find="dst_limit = std::min(dst_limit, p.dst.in_storage);",
+        replace="dst_limit = std::min(dst_limit, p.dst.num_blocks);",
+        tests=[STORAGE],
+        why="a destination block past its resized storage's end is written: heap corruption",
+    ),
+    dict(
+        name="storage_ignored_in_src_range",
+        file=VALIDATION,
+        where="check_block_ids",
+        find="src_limit = std::min(src_limit, p.src.in_storage);",
+        replace="src_limit = std::min(src_limit, p.src.num_blocks);",
+        tests=[STORAGE],
+        why="a source block past its freed storage's end is read",
+    ),
+    dict(
+        name="storage_fit_one_block_short",
+        file=VALIDATION,
+        where="layout_of",
+        find="fit = std::min(blocks, (bytes - block_bytes - begin) / stride + 1);",
+        replace="fit = std::min(blocks, (bytes - block_bytes - begin) / stride);",
+        tests=[STORAGE],
+        why="the last block that lies within a shrunk storage is refused",
+    ),
+    dict(
+        name="storage_begin_ignored",
+        file=VALIDATION,
+        where="layout_of",
+        find="const int64_t begin = t.storage_offset() * es;",
+        replace="const int64_t begin = 0;",
+        tests=[STORAGE],
+        why="a view's storage offset is left out: blocks past the storage's end pass",
+    ),
+    dict(
+        name="destination_version_not_bumped",
+        file=REGISTRATION_CPP,
+        where="swap_blocks_inplace_or_view",
+        find="if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();",
+        replace="(void)t;",
+        tests=[VERSIONS],
+        why="autograd computes gradients from values swap_blocks overwrote, silently",
+    ),
+    dict(
+        name="inference_destination_version_bumped",
+        file=REGISTRATION_CPP,
+        where="swap_blocks_inplace_or_view",
+        find="if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();",
+        replace="t.unsafeGetTensorImpl()->bump_version();",
+        tests=[VERSIONS],
+        why="an inference tensor written outside inference mode is refused",
+    ),
+    dict(
+        name="zero_element_block_seen_as_strided",
+        file=VALIDATION,
+        where="block_bytes_of",
+        find="if (t.size(d) == 0) return 0;",
+        replace="if (false) return 0;",
+        tests=[SWAP],
+        why="a [nb, 4, 0] cache is refused as not contiguous",
+    ),
+    dict(
+        name="pair_with_two_layouts_refused_outright",
+        file=VALIDATION,
+        where="check_block_ids",
+        find="check_pair_aliasing(sid, did, n, pairs, i);",
+        replace='TORCH_CHECK_VALUE(false, "overlap in memory with different layouts");',
+        tests=[SWAP, ALIASING_PROPERTY],
+        why="K half -> V half of one [nb, 2, W] cache is refused though no byte is shared",
+    ),
+    dict(
+        name="dtype_printed_as_cpp_name",
+        file=VALIDATION,
+        where="dtype_name",
+        find='return "torch.int32";',
+        replace='return "Int";',
+        tests=[MALFORMED],
+        why="an int32 id tensor's error prints C++'s Int, not torch.int32",
+    ),
+    dict(
+        name="kernel_copy_method_accepted_without_kernel",
+        file=OPS_CPP,
+        where="set_copy_method",
+        find="TORCH_CHECK_NOT_IMPLEMENTED(any_kernel,",
+        replace="TORCH_CHECK_NOT_IMPLEMENTED(true,",
+        tests=[REGISTRY],
+        why="'kernel' is accepted where no engine has a copy kernel, and silently ignored",
     ),
 ]
