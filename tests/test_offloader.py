@@ -453,7 +453,7 @@ def test_a_failed_store_leaves_its_blocks_never_stored_under_strict():
         off.store(1, [0], [3])
         off.wait({1})
         assert [r.success for r in off.get_finished()] == [False]
-        with pytest.raises(ValueError, match="which no store has written"):
+        with pytest.raises(ValueError, match=r"whose latest store \(job 1\) failed"):
             off.load(2, [3], [0])
 
 
