@@ -190,3 +190,61 @@ def test_device_to_host_copy_refuses_a_block_outside_the_host_storage(fake_cuda,
         RuntimeError, match=rf"block 20 of dst_caches\[0\] needs bytes 5120\.\.5375 .* size {size}"
     ):
         torch_kvswap.swap_blocks(src, dst, sid, did)
+
+
+# Every other tensor an op reads is checked against its storage too: block
+# ids, the pointer op's descriptors, expand_block_ids' input. A shrunk one
+# would be read past its storage's end (a freed one has no data at all).
+BIG = 1 << 22  # int64 elements: 32 MiB, so a read past a 16-byte storage leaves the heap
+
+
+def shrunk_ids(n: int = BIG) -> torch.Tensor:
+    return shrink(torch.zeros(n, dtype=torch.int64), 16)
+
+
+def ids_call(which: str, checked: bool) -> None:
+    src, dst = [cache(8, 1.0)], [cache(8)]
+    sid, did = torch.arange(BIG) % 8, torch.arange(BIG) % 8
+    if which == "src_block_ids":
+        sid = shrunk_ids()
+    else:
+        did = shrunk_ids()
+    with torch_kvswap.checked() if checked else torch.no_grad():
+        torch_kvswap.swap_blocks(src, dst, sid, did)
+
+
+@pytest.mark.parametrize("checked", [False, True])
+@pytest.mark.parametrize("which", ["src_block_ids", "dst_block_ids"])
+def test_block_ids_past_their_storage_are_refused(which, checked):
+    with pytest.raises(
+        RuntimeError, match=rf"{which} \(shape \[{BIG}\].*out of bounds for storage of size 16"
+    ):
+        ids_call(which, checked)
+    with pytest.raises(RuntimeError, match=rf"{which} .*out of bounds for storage of size 16"):
+        sid = shrunk_ids() if which == "src_block_ids" else torch.arange(BIG) % 8
+        did = shrunk_ids() if which == "dst_block_ids" else torch.arange(BIG) % 8
+        PLAN([cache(8, 1.0)], [cache(8)], sid, did)
+
+
+@pytest.mark.parametrize("which", ["src_ptrs", "dst_ptrs", "sizes"])
+def test_descriptors_past_their_storage_are_refused(which):
+    args = {name: torch.zeros(BIG, dtype=torch.int64) for name in ("src_ptrs", "dst_ptrs", "sizes")}
+    args[which] = shrunk_ids()
+    with pytest.raises(RuntimeError, match=rf"{which} .*out of bounds for storage of size 16"):
+        torch_kvswap.swap_blocks_batch(args["src_ptrs"], args["dst_ptrs"], args["sizes"], 0)
+
+
+def test_expand_block_ids_input_past_its_storage_is_refused():
+    with pytest.raises(RuntimeError, match=r"block_ids .*out of bounds for storage of size 16"):
+        torch.ops.kvswap.expand_block_ids(shrunk_ids(), 2)
+
+
+def test_ids_within_a_shrunk_storage_still_work():
+    # The bound is the elements the view spans, not the storage's first size.
+    ids_ = torch.arange(64, dtype=torch.int64) % 8
+    view, one_more = ids_[:16], ids_[:17]
+    shrink(ids_, 16 * 8)
+    expected = [b * 2 + k for b in range(8) for k in (0, 1)] * 2
+    assert torch.ops.kvswap.expand_block_ids(view, 2).tolist() == expected
+    with pytest.raises(RuntimeError, match=r"block_ids \(shape \[17\].*needs bytes 0\.\.135"):
+        torch.ops.kvswap.expand_block_ids(one_more, 2)

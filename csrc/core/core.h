@@ -183,8 +183,13 @@ struct PairLayout {
   int64_t block_bytes;
 };
 
-// One of the pointer op's three descriptor tensors: int64, 1-D, CPU, and
-// `expected_len` entries.
+// Every element of `t` lies within its storage as it is now (a storage
+// resized or freed after the view was made keeps the view's sizes); a
+// RuntimeError in torch's words names `name` otherwise.
+void check_elements_in_storage(const at::Tensor& t, const char* name);
+
+// One of the pointer op's three descriptor tensors: int64, 1-D, CPU,
+// `expected_len` entries, all within its storage.
 void check_descriptor_tensor(const at::Tensor& t, const char* name, int64_t expected_len);
 
 // The three descriptor tensors of a pointer-op call that passed
@@ -220,7 +225,7 @@ std::vector<PairLayout> layout_pairs(at::TensorList src_caches, at::TensorList d
 // ValueError names the first that does not and says how to pin it.
 void check_host_caches_pinned(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device);
 
-// A block-id tensor: int64 and 1-D.
+// A block-id tensor: int64, 1-D, all within its storage.
 void check_ids_tensor(const at::Tensor& ids, const char* name);
 
 // Every block of every cache lies within its storage as it is now; for

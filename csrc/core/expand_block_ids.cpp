@@ -19,6 +19,7 @@ ExpandShape check_expand_args(const at::Tensor& block_ids, int64_t factor, int64
   TORCH_CHECK_TYPE(block_ids.scalar_type() == at::kLong, "block_ids must be int64, got ",
                    dtype_name(block_ids.scalar_type()));
   TORCH_CHECK_VALUE(block_ids.dim() == 1, "block_ids must be 1-D, got shape ", block_ids.sizes());
+  check_elements_in_storage(block_ids, "block_ids");
   TORCH_CHECK_VALUE(factor >= 1, "block_size_factor must be >= 1, got ", factor);
   TORCH_CHECK_VALUE(skip_count >= 0 && skip_count < factor, "skip_count must be in [0, ",
                     "block_size_factor) = [0, ", factor, "), got ", skip_count);

@@ -47,12 +47,27 @@ std::string dtype_name(c10::ScalarType type) {
   }
 }
 
+void check_elements_in_storage(const at::Tensor& t, const char* name) {
+  if (!t.has_storage() || t.numel() == 0) return;
+  int64_t first = t.storage_offset(), last = t.storage_offset();
+  for (const auto d : c10::irange(t.dim())) {
+    (t.stride(d) < 0 ? first : last) += (t.size(d) - 1) * t.stride(d);
+  }
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  const int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
+  TORCH_CHECK(first >= 0 && (last + 1) * es <= bytes, name, " (shape ", t.sizes(), ", storage offset ",
+              t.storage_offset(), ") needs bytes ", first * es, "..", (last + 1) * es - 1,
+              " of its storage, out of bounds for storage of size ", bytes,
+              ": the storage was resized or freed after the tensor was made (nothing was copied)");
+}
+
 void check_descriptor_tensor(const at::Tensor& t, const char* name, int64_t expected_len) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", dtype_name(t.scalar_type()));
   TORCH_CHECK_VALUE(t.dim() == 1, name, " must be 1-D, got ", t.dim(), "-D with shape ", t.sizes());
   TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got one on ", t.device());
   TORCH_CHECK_VALUE(t.numel() == expected_len, name, " has ", t.numel(), " entries but src_ptrs has ",
                     expected_len, "; the three descriptor tensors must have the same length");
+  check_elements_in_storage(t, name);
 }
 
 namespace {
@@ -179,6 +194,7 @@ void check_ids_tensor(const at::Tensor& ids, const char* name) {
   TORCH_CHECK_TYPE(ids.scalar_type() == at::kLong, name, " must be int64, got ",
                    dtype_name(ids.scalar_type()));
   TORCH_CHECK_VALUE(ids.dim() == 1, name, " must be 1-D, got shape ", ids.sizes());
+  check_elements_in_storage(ids, name);
 }
 
 namespace {
