@@ -73,7 +73,7 @@ INNER = os.environ.get("KVSWAP_MODEL_INNER") == "1"  # set in the resize subproc
 MODES = ("plain", "strict", "checked")
 LANES = ("store", "load", "expedited")
 W = 8  # int64 elements per block of each cache tensor
-NUM_DEVICE_BLOCKS = 8
+NUM_DEVICE_BLOCKS = 4  # few blocks and host blocks: jobs collide often enough to find races
 JOB_IDS = range(4)  # a small pool, so ids are reused
 
 STEPS = {"count": 0, "examples": 0}
@@ -238,7 +238,7 @@ class OffloaderMachine(RuleBasedStateMachine):
         STEPS["examples"] += 1
         BASELINE[0] = len(LANE_DEATHS)
         self.layout, self.factor = layout, factor
-        self.num_host_blocks = 6 if factor == 1 else 4
+        self.num_host_blocks = 3 if factor == 1 else 2
         self.rows = self.num_host_blocks * factor
         if layout == "two-tensors":
             caches = {
