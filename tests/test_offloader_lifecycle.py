@@ -372,6 +372,20 @@ class Custom(BaseException):
     pass
 
 
+def three_stores(off) -> list:
+    """Stores jobs 0, 1 and 2 (job 1's copy fails) and collects their results
+    for up to 20 s: 0 and 2 succeed and 1 fails, the lane going on after it."""
+    for j in range(3):
+        off.store(j, [j], [j])
+    results, deadline = [], time.monotonic() + 20
+    while len(results) < 3 and time.monotonic() < deadline:
+        results += off.get_finished()
+    if len(results) < 3:  # a dead lane: exit must not wait on its jobs forever
+        lanes._LIVE.discard(off)
+    assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
+    return results
+
+
 @pytest.mark.parametrize("kind", [RuntimeError, SystemExit, KeyboardInterrupt, GeneratorExit, Custom])
 def test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working(kind):
     off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
@@ -383,14 +397,7 @@ def test_any_exception_inside_a_copy_fails_that_job_and_the_lane_keeps_working(k
         real_copy(job)
 
     off._copy = copy
-    for j in range(3):
-        off.store(j, [j], [j])
-    results, deadline = [], time.monotonic() + 20
-    while len(results) < 3 and time.monotonic() < deadline:
-        results += off.get_finished()
-    if len(results) < 3:  # a dead lane: exit must not wait on its jobs forever
-        lanes._LIVE.discard(off)
-    assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
+    results = three_stores(off)
     assert results[1].error == f"{kind.__name__}: inside the copy"
     off.shutdown()
 
@@ -423,16 +430,9 @@ def test_a_report_that_raises_fails_the_job_and_the_lane_keeps_working(fault):
     if fault != "message-raises":
         logger.addHandler(handler)
     try:
-        for j in range(3):
-            off.store(j, [j], [j])
-        results, deadline = [], time.monotonic() + 20
-        while len(results) < 3 and time.monotonic() < deadline:
-            results += off.get_finished()
-        if len(results) < 3:  # a dead lane: exit must not wait on its jobs forever
-            lanes._LIVE.discard(off)
+        results = three_stores(off)
     finally:
         logger.removeHandler(handler)
-    assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
     expected = "Unprintable (its message could not be formatted)" if fault == "message-raises" else None
     assert results[1].error == (expected or "RuntimeError: inside the copy")
     off.wait({5}, strict=False)
