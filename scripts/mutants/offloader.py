@@ -140,7 +140,7 @@ MUTANTS = [
         name="handler-strict-loads-unchecked",
         file=_O + "lanes.py",
         where="Lanes._submit",
-        find="                if self._stored is not None:\n                    self._track_stored(job)\n",
+        find="                if self.strict:\n                    self._track_stored(job)\n",
         replace="",
         tests=_T,
         why="strict=True must refuse a load of a host block that no store has written",
@@ -149,7 +149,7 @@ MUTANTS = [
         name="handler-strict-failed-store-counts-as-stored",
         file=_O + "offloader.py",
         where="KVCacheOffloader._unmark_failed_store",
-        find="            stored[mine] = False",
+        find="            failed[self._last_store[rows] == job.serial] = job.job_id",
         replace="            pass",
         tests=_T,
         why="a failed store may have written part of its blocks: they are not stored",
@@ -509,8 +509,8 @@ MUTANTS = [
         name="strict-failed-store-unmarks-a-later-stores-rows",
         file=_O + "offloader.py",
         where="KVCacheOffloader._unmark_failed_store",
-        find="mine = self._last_store[rows] == job.serial",
-        replace="mine = self._last_store[rows] >= 0",
+        find="failed[self._last_store[rows] == job.serial] = job.job_id",
+        replace="failed[self._last_store[rows] >= 0] = job.job_id",
         tests=[
             "tests/test_offloader.py::"
             "test_strict_load_after_a_failed_store_and_a_good_store_of_the_same_block_is_admitted"

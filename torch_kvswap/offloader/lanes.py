@@ -162,7 +162,7 @@ class Job:
 class Lanes:
     """The lanes, the job tables and completion of :class:`KVCacheOffloader`
     (its base). Uses the offloader's ``device``, tensors, ``_planner``,
-    ``_checks``, ``_stored``, ``_track_stored`` and ``_release_mirrors``;
+    ``_checks``, ``strict``, ``_track_stored`` and ``_release_mirrors``;
     :meth:`_start_lanes` sets the rest up."""
 
     def _start_lanes(self, on_accelerator: bool) -> None:
@@ -232,7 +232,7 @@ class Lanes:
                     raise ValueError(f"job id {job.job_id} is already in flight or not yet reported")
                 if self._checks is not None:
                     self._checks.admit(job)  # refuses before anything is queued
-                if self._stored is not None:
+                if self.strict:
                     self._track_stored(job)
                 self._pending[job.job_id] = job
                 self._fifo[lane].append(job)
@@ -333,7 +333,7 @@ class Lanes:
         if self._pending.get(job.job_id) is job:
             del self._pending[job.job_id]
         ok = job.error is None
-        if self._stored is not None and job.is_store and not ok:
+        if self.strict and job.is_store and not ok:
             self._unmark_failed_store(job)
         kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
         if self._checks is not None:

@@ -159,11 +159,11 @@ class KVCacheOffloader(Lanes):
         self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
         #: whether loads of never-stored host sub-blocks and waits on unknown ids are refused
         self.strict = bool(strict)
-        # strict: which host sub-block rows of which tensor a store has been
-        # submitted for, the latest store of each (its Job.serial), and the id
-        # of the job whose failure left a row unwritten (-1: none)
+        # strict: per host sub-block row of each tensor, the latest store
+        # submitted for it (its Job.serial; -1: none), and the id of that
+        # store when it failed (-1: it did not). A load may read a row whose
+        # latest store exists and did not fail.
         shape = (len(self.device_tensors), self.num_host_blocks * self.factor)
-        self._stored = np.zeros(shape, dtype=bool) if self.strict else None
         self._last_store = np.full(shape, -1, dtype=np.int64) if self.strict else None
         self._failed_store = np.full(shape, -1, dtype=np.int64) if self.strict else None
         self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(
@@ -362,19 +362,20 @@ class KVCacheOffloader(Lanes):
         )
 
     def _track_stored(self, job: Job) -> None:
-        """strict: a store marks the host rows it writes (a failed one unmarks
-        those it was the latest store of, _unmark_failed_store); a load may
-        read only marked rows."""
+        """strict: a store becomes the latest store of the host rows it writes
+        (a failed one marks those it is still the latest store of,
+        _unmark_failed_store); a load may read only rows whose latest store
+        did not fail."""
         if job.is_store:
             for c in job.copies:
                 rows = np.ix_(c.tensors, c.dst_ids.numpy())
-                self._stored[rows] = True
                 self._last_store[rows] = job.serial
                 self._failed_store[rows] = -1
             return
         for c in job.copies:
             rows = c.src_ids.numpy()
-            stored = self._stored[np.ix_(c.tensors, rows)]
+            ix = np.ix_(c.tensors, rows)
+            stored = (self._last_store[ix] >= 0) & (self._failed_store[ix] < 0)
             if not stored.all():
                 t, j = (int(x[0]) for x in np.nonzero(~stored))
                 row = int(rows[j])
@@ -399,11 +400,9 @@ class KVCacheOffloader(Lanes):
         that no later store rewrites hold nothing a load may read."""
         for c in job.copies:
             rows = np.ix_(c.tensors, c.dst_ids.numpy())
-            mine = self._last_store[rows] == job.serial
-            stored, failed = self._stored[rows], self._failed_store[rows]
-            stored[mine] = False
-            failed[mine] = job.job_id
-            self._stored[rows], self._failed_store[rows] = stored, failed
+            failed = self._failed_store[rows]
+            failed[self._last_store[rows] == job.serial] = job.job_id
+            self._failed_store[rows] = failed
 
     def __enter__(self) -> KVCacheOffloader:
         return self
