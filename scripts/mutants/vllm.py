@@ -14,6 +14,8 @@ _LAYOUTS = "torch_kvswap/integrations/vllm/host_layouts.py"
 _SIMPLE = "torch_kvswap/integrations/vllm/simple_offload.py"
 _HANDLER = "torch_kvswap/integrations/vllm/handler_class.py"
 _COMPAT = "torch_kvswap/integrations/vllm/compat.py"
+_P2P = "torch_kvswap/integrations/vllm/p2p.py"
+_PB = "tests/test_p2p_bound.py::"
 # One test each (node ids): the CI's --fast pass runs every mutant.
 _B = "tests/test_vllm_copy_backend.py::"
 _I = "tests/test_vllm_import.py::"
@@ -424,6 +426,60 @@ MUTANTS = [
         replace='"num_chunks (vLLM 0.30+) nor num_blocks (vLLM 0.27-0.29)"',
         tests=["tests/test_vllm_ranges.py::test_the_chunk_count_error_names_compats_releases"],
         why="the chunk-count error must name compat's releases (num_blocks from 0.25), not its own",
+    ),
+    dict(
+        name="p2p-lookup-retried-past-the-timeout",
+        file=_P2P,
+        where="_Bound.lookup",
+        find="        if now - since < self.timeout_s:\n",
+        replace="        if now - since <= self.timeout_s:\n",
+        tests=[_PB + "test_at_the_timeout_the_request_misses_and_the_peer_is_marked_dead"],
+        why="a request whose lookups a peer left unanswered for p2p_lookup_timeout_s misses at that moment",
+    ),
+    dict(
+        name="p2p-dead-peer-asked-again-at-once",
+        file=_P2P,
+        where="_Bound.lookup",
+        find="        if self.dead_until.get(source.peer_id, 0.0) > now:\n",
+        replace="        if False:\n",
+        tests=[_PB + "test_the_dead_peer_is_refused_at_once_for_the_timeout_then_asked_again"],
+        why="without the dead-peer window every later request waits the whole timeout again",
+    ),
+    dict(
+        name="p2p-dead-peer-refused-for-ever",
+        file=_P2P,
+        where="_Bound.lookup",
+        find="        self.dead_until[source.peer_id] = now + self.timeout_s\n",
+        replace='        self.dead_until[source.peer_id] = float("inf")\n',
+        tests=[_PB + "test_the_dead_peer_is_refused_at_once_for_the_timeout_then_asked_again"],
+        why="a peer restarted on its port must be asked again once the window is over",
+    ),
+    dict(
+        name="p2p-session-left-alive",
+        file=_P2P,
+        where="_Bound.lookup",
+        find="            conn.mark_dead()  # vLLM's reap fails the session's other lookups and loads\n",
+        replace="            pass\n",
+        tests=[_PB + "test_at_the_timeout_the_request_misses_and_the_peer_is_marked_dead"],
+        why="the session of a peer that never answered must be reaped (vLLM fails its other lookups and loads)",
+    ),
+    dict(
+        name="p2p-request-not-failed",
+        file=_P2P,
+        where="_Bound.lookup",
+        find="        self.tier._failed_req_ids.add(source.kv_request_id)\n        self.dead_until",
+        replace="        self.dead_until",
+        tests=[_PB + "test_at_the_timeout_the_request_misses_and_the_peer_is_marked_dead"],
+        why="the request's later keys must miss too, or the scheduler's scan retries them",
+    ),
+    dict(
+        name="p2p-answer-keeps-the-clock",
+        file=_P2P,
+        where="_Bound.lookup",
+        find="            self.first_retry.pop(source.kv_request_id, None)\n            return result\n",
+        replace="            return result\n",
+        tests=[_PB + "test_an_answer_restarts_the_requests_clock"],
+        why="a peer that answered is live: the request's clock restarts",
     ),
     # Mutants that use what one vLLM release lacks: besides their .venv test (vLLM's
     # stand-ins), the conformance matrix must kill them on that release's own
