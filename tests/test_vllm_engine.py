@@ -63,6 +63,7 @@ except Exception as exc:
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
 from torch_kvswap.integrations.vllm import offloading
+from vllm_helpers import counters
 from vllm_helpers import no_region_left_behind  # noqa: F401 - the fixture, used below
 
 #: No test of this file leaves a /dev/shm region file behind (vLLM's shared host regions).
@@ -111,20 +112,6 @@ def connector():
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     return get_kv_transfer_group()
-
-
-def counters(llm: LLM, prefix: str) -> dict[str, float]:
-    """vLLM's own metrics whose names start with `prefix`: counters summed over labels."""
-    out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if m.name.startswith(prefix) and hasattr(m, "value"):
-            key = m.name + "".join(
-                f"[{v}]" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name")
-            )
-            out[key] = out.get(key, 0) + m.value
-        elif m.name.startswith(prefix) and hasattr(m, "sum"):
-            out[m.name + "_sum"] = out.get(m.name + "_sum", 0) + m.sum
-    return out
 
 
 class Recorder:

@@ -121,3 +121,21 @@ def offloading_config(config, kv_cache_config, tp: int, rank: int, **fields):
         base = build_offloading_config(config, kv_cache_config)
     parallel = dataclasses.replace(base.parallel, rank=rank, world_size=tp, tp_size=tp)
     return dataclasses.replace(base, parallel=parallel, **fields)
+
+
+# -- vLLM's metrics ----------------------------------------------------------------------
+
+
+def counters(llm, prefix: str) -> dict[str, float]:
+    """vLLM's own metrics of ``llm`` whose names start with `prefix`:
+    counters summed over labels (``name[label]``), histograms as ``name_sum``."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name.startswith(prefix) and hasattr(m, "value"):
+            key = m.name + "".join(
+                f"[{v}]" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name")
+            )
+            out[key] = out.get(key, 0) + m.value
+        elif m.name.startswith(prefix) and hasattr(m, "sum"):
+            out[m.name + "_sum"] = out.get(m.name + "_sum", 0) + m.sum
+    return out

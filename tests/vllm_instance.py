@@ -204,23 +204,13 @@ def _reply(**kw) -> None:
     sys.stdout.flush()
 
 
-def _counters(llm, prefix: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for m in llm.get_metrics():
-        if m.name.startswith(prefix) and hasattr(m, "value"):
-            key = m.name + "".join(
-                f"[{v}]" for k, v in sorted(m.labels.items()) if k not in ("engine", "model_name")
-            )
-            out[key] = out.get(key, 0) + m.value
-    return out
-
-
 def main(engine_args: dict) -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
+    from vllm_helpers import counters
 
     args = dict(
         model=str(TESTS / "data" / "llama-4layer"),
@@ -268,7 +258,7 @@ def main(engine_args: dict) -> None:
             elif op == "rpc":
                 _reply(result=llm.collective_rpc(command["method"], args=tuple(command.get("args", ()))))
             elif op == "metrics":
-                _reply(metrics=_counters(llm, command.get("prefix", "vllm:")))
+                _reply(metrics=counters(llm, command.get("prefix", "vllm:")))
             elif op == "reset_prefix_cache":
                 _reply(ok=llm.reset_prefix_cache(reset_connector=command.get("reset_connector", False)))
             elif op == "shutdown":
