@@ -200,7 +200,17 @@ def test_the_tiering_spec_is_found_through_vllms_factory_and_keeps_vllms_manager
     )
     assert cls is kvswap_vllm.KVSwapTieringOffloadingSpec
     assert issubclass(cls, TieringOffloadingSpec)
-    assert cls.get_manager is TieringOffloadingSpec.get_manager
+    # get_manager is vLLM's, with its p2p tiers bounded (docs/scale-out.md): the
+    # manager, and the spec's own cache of it, are vLLM's
+    from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+
+    spec = cls(offloading_config(f"kvswap-factory-{uuid.uuid4().hex[:8]}", 1 << 20))
+    manager = spec.get_manager()
+    try:
+        assert type(manager) is TieringOffloadingManager
+        assert spec.get_manager() is manager is spec._manager
+    finally:
+        manager.shutdown()
 
 
 # -- the real engine with a disk tier ------------------------------------------------
