@@ -28,9 +28,8 @@ In file order, on one pair of engines:
 5. A restarted on the same port: B takes the prompt from it again.
 6. A peer with another model: refused at vLLM's handshake, B recomputes.
 7. Both engines shut down at the same moment: both exit (vLLM's ZMQ close
-   waits forever on a gone peer without the spec's linger), and on 0.32
-   leave no /dev/shm file behind (0.27.1 leaves both: its engine processes
-   end before the region is released).
+   waits forever on a gone peer without the spec's linger). Their /dev/shm
+   region files stay (open: docs/scale-out.md).
 
 Without an engine: a p2p port in use and NIXL missing are refused when the
 spec is built, each naming the fix.
@@ -185,8 +184,8 @@ def pair(tmp_path_factory):
         for inst in started:
             inst.close(timeout=30)
         for inst in started:
-            if os.path.exists(shm_file(inst)) and inst.proc.returncode not in (0, None):
-                os.unlink(shm_file(inst))  # a SIGKILLed engine's region: docs/vllm.md
+            if os.path.exists(shm_file(inst)):
+                os.unlink(shm_file(inst))  # a SIGKILLed engine's region, or one left at shutdown
 
 
 def new_loads(inst: Instance, pair: Pair, before: int) -> list:
@@ -327,7 +326,7 @@ def test_a_peer_with_another_model_is_refused_and_b_recomputes(pair):
 # -- 7: both at once ----------------------------------------------------------------------
 
 
-def test_two_engines_shutting_down_at_once_both_exit_and_leave_no_shm_file(pair):
+def test_two_engines_shutting_down_at_once_both_exit(pair):
     engines = [pair.b, pair.a2]
     threads = [threading.Thread(target=e.close, kwargs={"timeout": 60}) for e in engines]
     for t in threads:
@@ -335,13 +334,12 @@ def test_two_engines_shutting_down_at_once_both_exit_and_leave_no_shm_file(pair)
     for t in threads:
         t.join(120)
     assert [e.proc.returncode for e in engines] == [0, 0], [e.tail() for e in engines]
-    left = [shm_file(e) for e in engines if os.path.exists(shm_file(e))]
-    if RELEASE >= (0, 32):
-        assert not left
-    else:  # 0.27.1 ends its engine processes before the region is released (docs/scale-out.md)
-        assert len(left) == 2
-        for f in left:
-            os.unlink(f)
+    # Not asserted: after LLM's shutdown with its engine core in a process of
+    # its own, both region files stayed (0.27.1 and 0.32.0, with or without
+    # shutdown_timeout; open, docs/scale-out.md). Removed here.
+    for e in engines:
+        if os.path.exists(shm_file(e)):
+            os.unlink(shm_file(e))
 
 
 # -- without an engine: refused when the spec is built -----------------------------------

@@ -171,6 +171,13 @@ class Instance:
         self._log_file.flush()
         return "".join(self.log.read_text(errors="replace").splitlines(True)[-lines:])
 
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Sends `sig` to the instance and every process it started."""
         with contextlib.suppress(ProcessLookupError):
@@ -190,7 +197,13 @@ class Instance:
             except subprocess.TimeoutExpired:
                 self.kill()
                 self.proc.wait(30)
-        self.kill()  # whatever it started that is still alive
+        # The engine's other processes end after it (vLLM's engine core
+        # releases the /dev/shm region as it exits); whatever is still alive
+        # after `timeout` is killed.
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._group_alive():
+            time.sleep(0.2)
+        self.kill()
         self._reader.join(5)
         self._log_file.close()
         return self.proc.returncode
@@ -226,6 +239,9 @@ def main(engine_args: dict) -> None:
         disable_log_stats=False,
         seed=0,
         worker_extension_cls="vllm_worker_extension.KVSwapRecorder",
+        # as the server's --shutdown-timeout 30 (docs/vllm.md): with vLLM's 0,
+        # shutdown kills the engine's processes before the region is released
+        shutdown_timeout=30,
     )
     args.update(engine_args)
     if isinstance(args.get("kv_transfer_config"), dict):

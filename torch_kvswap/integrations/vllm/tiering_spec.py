@@ -84,6 +84,12 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
         try:
             manager = super().get_manager()
         except Exception as exc:
+            # vLLM up to 0.31 keeps the scheduler's region when a tier fails
+            # to build (0.32 releases it): release it, or its /dev/shm file stays
+            region = getattr(self, "_scheduler_mmap", None)
+            if region is not None:
+                self._scheduler_mmap = None
+                region.cleanup()
             if _address_in_use(exc):
                 raise RuntimeError(
                     f"a p2p tier of kv_connector_extra_config 'secondary_tiers' could not bind its "
