@@ -394,3 +394,16 @@ def test_a_lookup_timeout_that_is_not_a_positive_number_is_refused(value):
         kvswap_vllm.KVSwapTieringOffloadingSpec(
             offloading_config("kvswap-p2p-timeout", 1 << 20, p2p_lookup_timeout_s=value)
         )
+
+
+def test_a_p2p_tier_the_bound_cannot_read_is_refused_every_time_and_shut_down(monkeypatch):
+    from torch_kvswap.integrations.vllm import p2p
+
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    monkeypatch.setattr(p2p, "_TIER_ATTRIBUTES", (*p2p._TIER_ATTRIBUTES, "_no_such_attribute"))
+    before = set(glob.glob("/dev/shm/vllm_offload_*"))
+    spec = scheduler_spec(free_port())
+    for _ in range(2):  # vLLM caches its manager: the second call must not return it unbounded
+        with pytest.raises(RuntimeError, match=r"p2p tier here has no \['_no_such_attribute'\]"):
+            spec.get_manager()
+    assert set(glob.glob("/dev/shm/vllm_offload_*")) == before

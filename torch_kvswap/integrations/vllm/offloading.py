@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from .compat import CHECK_KEY, chunk_count_names
+from .p2p import LOOKUP_TIMEOUT_KEY
 
 __all__ = ["build", "TransferFailed", "SUPPORTED_EXTRA_CONFIG", "SUPPORTED_TIERING_EXTRA_CONFIG"]
 
@@ -75,7 +76,7 @@ SUPPORTED_EXTRA_CONFIG = frozenset(
 #: package saw, and checked mode would refuse to load them).
 SUPPORTED_TIERING_EXTRA_CONFIG = (SUPPORTED_EXTRA_CONFIG - {CHECK_KEY}) | {
     "secondary_tiers",
-    "p2p_lookup_timeout_s",
+    LOOKUP_TIMEOUT_KEY,
 }
 
 

@@ -97,7 +97,13 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
                     f"its own 'port'"
                 ) from exc
             raise
-        bound_p2p_tiers(manager, self._p2p_lookup_timeout_s)
+        try:
+            bound_p2p_tiers(manager, self._p2p_lookup_timeout_s)
+        except Exception:
+            # vLLM cached the manager: a later call must not get it unbounded
+            self._manager = None
+            manager.shutdown()
+            raise
         return manager
 
     def get_worker(self, kv_caches: Any) -> Any:
