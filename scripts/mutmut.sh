@@ -13,6 +13,11 @@ cp --preserve=timestamps torch_kvswap/_*.so torch_kvswap/_build_info.json "$TREE
 cd "$TREE"
 rm -rf mutants
 echo "[mutmut] $("$VENV/bin/mutmut" --version 2>&1 | tail -1) in $TREE"
+# mutmut forks each mutant's test run from a process that has already run
+# tests; torch's OpenMP threads do not survive fork() (docs/ops.md), so a
+# child's first parallel torch op would wait for ever (a "timeout" verdict,
+# or a crash). One intra-op thread starts no OpenMP pool at all.
+export OMP_NUM_THREADS=1
 "$VENV/bin/mutmut" run > mutmut-run.log 2>&1 || { tail -c 3000 mutmut-run.log; exit 1; }
 tail -c 300 mutmut-run.log | tr '\r' '\n' | grep -E '[0-9]+/[0-9]+' | tail -1
 "$VENV/bin/mutmut" results > mutmut-results.log 2>&1

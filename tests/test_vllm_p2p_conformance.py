@@ -38,6 +38,13 @@ peer (the test sets it to 2 s; vLLM reads it when a session is polled;
 its default, 30 s, stays for the other tests: under load a handshake may
 take more than 2 s).
 
+The test calls each manager as the release's scheduler does: 0.33 polls
+its p2p tier from a thread of its own between steps, and its scheduler
+holds the manager's ``lock`` around every call (``_manager_locked`` in
+``offloading/scheduler.py``); a call without it races that thread over the
+tier's ZMQ sockets (vLLM's ``ZmqTransport`` is not thread-safe: a dict
+changed while iterated, or a crash inside libzmq).
+
 Every manager and worker is shut down and no region file is left behind.
 vLLM's ``ZmqTransport.close`` can block for ever in ``zmq_ctx_term`` on a
 DEALER socket (infinite linger) whose peer is gone, so the test sets
@@ -49,6 +56,7 @@ Skipped where vLLM's offloading classes or NIXL are not importable, unless
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -87,6 +95,8 @@ FAULT_HANDSHAKE_TIMEOUT_S = 2
 HOST = "127.0.0.1"
 DEADLINE_S = 30.0  # a live peer answers within vLLM's own 5 s lookup bound
 NUM_BLOCKS = conformance.NUM_BLOCKS
+#: Tries for a free port that another process may take before the tier binds it.
+PORT_ATTEMPTS = 5
 END = vllm_base.ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
 
 
@@ -136,6 +146,28 @@ def spec_caches(spec) -> tuple[list[torch.Tensor], object]:
         ],
     )
     return caches, kv
+
+
+class Scheduled:
+    """A release's tiering manager as its scheduler calls it: each method
+    call holds the manager's ``lock`` where the release has one (0.33 on),
+    except ``shutdown``, which takes that lock itself (it is not
+    reentrant). Attributes are read through."""
+
+    def __init__(self, manager) -> None:
+        self._manager = manager
+        self._lock = getattr(manager, "lock", None) or contextlib.nullcontext()
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._manager, name)
+        if not callable(attr) or name == "shutdown":
+            return attr
+
+        def locked(*args, **kwargs):
+            with self._lock:
+                return attr(*args, **kwargs)
+
+        return locked
 
 
 @dataclasses.dataclass
@@ -217,7 +249,7 @@ def build_instance(**spec_extra) -> Instance:
     except BaseException:
         manager.shutdown()
         raise
-    return Instance(port, spec, manager, worker, caches, f"/dev/shm/vllm_offload_{region_id}.mmap")
+    return Instance(port, spec, Scheduled(manager), worker, caches, f"/dev/shm/vllm_offload_{region_id}.mmap")
 
 
 @pytest.fixture
@@ -232,6 +264,15 @@ def instances():
     built: list[Instance] = []
 
     def make(**spec_extra) -> Instance:
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                built.append(build_instance(**spec_extra))
+                return built[-1]
+            except (RuntimeError, zmq.ZMQError) as exc:
+                # Another process took the free port before the tier bound it
+                # (the releases run side by side in the conformance step).
+                if "Address already in use" not in str(exc):
+                    raise
         built.append(build_instance(**spec_extra))
         return built[-1]
 
