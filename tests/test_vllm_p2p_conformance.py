@@ -72,6 +72,7 @@ import torch
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 import test_vllm_conformance as conformance
+from vllm_helpers import free_port
 
 from vllm.distributed import nixl_utils
 
@@ -118,12 +119,6 @@ def symmetric_params(peer_port: int, kv_request_id: str) -> tuple[None, dict]:
 PARAMS = {"symmetric": symmetric_params, "prefill-decode": pd_params}
 #: The modes of this release's p2p tier.
 MODES = ["symmetric", "prefill-decode"] if RELEASE >= SYMMETRIC_FROM else ["prefill-decode"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def spec_caches(spec) -> tuple[list[torch.Tensor], object]:

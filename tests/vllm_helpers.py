@@ -6,6 +6,7 @@ Imported as ``vllm_helpers`` (pytest puts tests/ on the path, as for
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -139,3 +140,11 @@ def counters(llm, prefix: str) -> dict[str, float]:
         elif m.name.startswith(prefix) and hasattr(m, "sum"):
             out[m.name + "_sum"] = out.get(m.name + "_sum", 0) + m.sum
     return out
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (another process
+    may take it before the caller binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

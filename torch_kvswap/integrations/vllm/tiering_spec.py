@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compat import CHECK_KEY, check_tiering_vllm
+from .compat import CHECK_KEY, _major_minor, check_tiering_vllm
 from .offloading import (
     SUPPORTED_TIERING_EXTRA_CONFIG,
     _capacity_source,
@@ -60,7 +60,7 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
             )
         _refuse_unknown("KVSwapTieringOffloadingSpec", config, extra, SUPPORTED_TIERING_EXTRA_CONFIG)
         self._p2p_lookup_timeout_s = lookup_timeout(extra)
-        _refuse_missing_nixl(extra.get("secondary_tiers") or [])
+        _refuse_missing_packages(extra.get("secondary_tiers") or [])
         super().__init__(config)
         if self.blocks_per_chunk != 1:
             given = (
@@ -138,19 +138,40 @@ class KVSwapTieringOffloadingSpec(TieringOffloadingSpec):
 NIXL_TIERS = ("p2p", "obj", "kvcr")
 
 
-def _refuse_missing_nixl(tiers: list) -> None:
-    needing = sorted({t.get("type") for t in tiers if isinstance(t, dict) and t.get("type") in NIXL_TIERS})
-    if not needing:
-        return
-    try:
-        import nixl  # noqa: F401
-    except ImportError as exc:
-        raise ImportError(
-            f"secondary tier(s) {needing} of kv_connector_extra_config 'secondary_tiers' move data "
-            f"through NIXL, which is not installed here: pip install nixl==1.5.1, then "
-            f"pip install --no-deps nixl-cu13==1.5.1 (nixl-cu12 for CUDA 12; the UCX backend in "
-            f"it also serves CPU-only hosts)"
-        ) from exc
+#: The ``kvcr`` release each vLLM release's kvcr tier imports (its
+#: ``tiering/kvcr/manager.py``; the two are not interchangeable).
+KVCR_RELEASES = {(0, 30): "0.1.0", (0, 31): "0.1.0", (0, 32): "0.1.1"}
+
+
+def _refuse_missing_packages(tiers: list) -> None:
+    """Refuses, when the spec is built, a secondary tier whose package is not
+    installed, naming what to install (vLLM would fail later, inside the
+    engine's start, with a bare ``ModuleNotFoundError``)."""
+    types = {t.get("type") for t in tiers if isinstance(t, dict)}
+    needing = sorted(types & set(NIXL_TIERS))
+    if needing:
+        try:
+            import nixl  # noqa: F401
+        except ImportError as exc:
+            raise ImportError(
+                f"secondary tier(s) {needing} of kv_connector_extra_config 'secondary_tiers' move data "
+                f"through NIXL, which is not installed here: pip install nixl==1.5.1, then "
+                f"pip install --no-deps nixl-cu13==1.5.1 (nixl-cu12 for CUDA 12; the UCX backend in "
+                f"it also serves CPU-only hosts)"
+            ) from exc
+    if "kvcr" in types:
+        try:
+            import kvcr  # noqa: F401
+        except ImportError as exc:
+            import vllm
+
+            wanted = KVCR_RELEASES.get(_major_minor(vllm.__version__))
+            how = f"pip install --no-deps kvcr=={wanted}" if wanted else "the kvcr release it imports"
+            raise ImportError(
+                f"secondary tier 'kvcr' of kv_connector_extra_config 'secondary_tiers' needs NVIDIA's "
+                f"kvcr package, which is not installed here: {how} (vLLM {vllm.__version__}'s kvcr "
+                f"tier imports that release; it runs over NIXL 1.5.1)"
+            ) from exc
 
 
 def _address_in_use(exc: BaseException) -> bool:
