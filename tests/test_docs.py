@@ -42,13 +42,15 @@ def test_the_first_screen_gives_the_two_commands_and_a_python_example():
     assert len(fenced(screen, "python")) == 1
 
 
-def test_the_readmes_example_runs_on_a_cpu_as_written():
+def test_the_readmes_example_runs_on_a_cpu_as_written_and_prints_what_the_readme_shows():
     (example,) = fenced("\n".join(README.read_text().splitlines()[:FIRST_SCREEN]), "python")
+    shown = fenced(README.read_text(), "text")[0]  # the block right after the example
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(example, "README.md", "exec"), {"__name__": "readme_example"})
     moved = 4 * 2 * 4 * (16 * 8 * 64 * 4)  # layers, K/V, device blocks, bytes per block
     assert out.getvalue().splitlines() == [f"1 True {moved}", f"2 True {moved}", "round trip exact: True"]
+    assert out.getvalue() == shown
 
 
 def anchor(heading: str) -> str:

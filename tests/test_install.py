@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import torch_kvswap
-from torch_kvswap import _loader
+from torch_kvswap import _loader, envreport
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("kvswap_setup", ROOT / "setup.py")
@@ -483,7 +483,8 @@ def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engi
     assert rows["torch"].startswith(torch.__version__)
     assert rows["built against"] == f"torch {torch.__version__}"
     assert rows["engine host"] == "loaded"
-    assert rows["files"] == "as recorded by the build"
+    assert rows["imported from"] == f"{ROOT / 'torch_kvswap'} (a source tree, built in place)"
+    assert rows["files"] == "every extension file here is one the build made (_build_info.json)"
     if not torch.cuda.is_available():
         assert rows["copies run on"] == "the host engine, for every copy (no CUDA or NPU device visible)"
         if torch_kvswap.ENGINES["cuda"]:  # a CUDA build of torch on a machine without a GPU
@@ -491,7 +492,9 @@ def test_environment_report_runs_from_outside_the_tree_and_reports_the_host_engi
     if torch.version.cuda is None:
         assert rows["engine cuda"].startswith(f"not built: torch {torch.__version__} is not a CUDA build")
     assert rows["torch_npu"] == "not installed" or "torch_npu" in rows
-    assert "devices" in rows or any(k.startswith(("cuda:", "npu:")) for k in rows)
+    # said once: "copies run on" says when no device is visible, and each visible one has its rows
+    no_device = not any(envreport.visible_devices().values())
+    assert sum("no CUDA or NPU device visible" in v for v in rows.values()) == no_device
     assert "vLLM" in rows
 
 
@@ -819,7 +822,7 @@ def test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_repo
         "import warnings; warnings.simplefilter('ignore')\n"
         "import torch_kvswap as k, torch_kvswap.envreport as r\n"
         "print(k.ENGINES['cuda']); print(k._loader.ENGINE_ERRORS['torch_kvswap._C_cuda'])\n"
-        "print(dict(r.engine_rows())['files'])"
+        "print(dict(r.engine_rows())['files']); print(r.package_row()[1])"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],
@@ -830,7 +833,8 @@ def test_an_engine_file_the_build_record_does_not_list_is_not_loaded_and_is_repo
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr
-    loaded, error, files = proc.stdout.splitlines()
+    loaded, error, files, where = proc.stdout.splitlines()
+    assert where == f"{pkg} (an installed copy)"
     assert loaded == "False"
     assert error == "a leftover file that the last build did not build (no CUDA toolkit found); not loaded"
     assert files == f"not built by the recorded build, leftovers: {stale}"

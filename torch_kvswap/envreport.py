@@ -126,11 +126,14 @@ def engine_rows() -> list[tuple[str, str]]:
             state = "not built"
         rows.append((f"engine {key}", state))
     if info:
+        # _build_info.json lists the extensions its build made; any other
+        # extension file in the folder is a leftover (another torch's build,
+        # a test fake built in place), which the import does not load.
         leftovers = _loader.unrecorded_extensions(info)
         rows.append(
             (
                 "files",
-                "as recorded by the build"
+                "every extension file here is one the build made (_build_info.json)"
                 if not leftovers
                 else f"not built by the recorded build, leftovers: {', '.join(leftovers)}",
             )
@@ -154,9 +157,7 @@ def device_rows() -> list[tuple[str, str]]:
                     rows.append((f"{device} {name}", value))
             except Exception as exc:  # noqa: BLE001
                 rows.append((str(device), f"engine report failed: {type(exc).__name__}: {exc}"))
-    if not rows:
-        rows.append(("devices", "no CUDA or NPU device visible: copies run on the host engine"))
-    return rows
+    return rows  # none visible: the "copies run on" row says so
 
 
 def vllm_rows() -> list[tuple[str, str]]:
@@ -176,8 +177,17 @@ def vllm_rows() -> list[tuple[str, str]]:
     return [("vLLM", f"{', '.join(installed) or 'unknown version'}: {state}")]
 
 
+def package_row() -> tuple[str, str]:
+    """Where this process imported the package from: a clone's folder, built
+    in place (which shadows an install when Python starts inside the clone),
+    or an installed copy."""
+    where = _loader.PACKAGE_DIR
+    kind = "a source tree, built in place" if _loader.is_source_tree(where) else "an installed copy"
+    return ("imported from", f"{where} ({kind})")
+
+
 def report() -> list[tuple[str, str]]:
-    return [*versions(), *engine_rows(), *device_rows(), *vllm_rows()]
+    return [package_row(), *versions(), *engine_rows(), *device_rows(), *vllm_rows()]
 
 
 def main() -> int:
