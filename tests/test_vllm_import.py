@@ -867,13 +867,17 @@ class SimpleCPUOffloadWorker:
         {finished}
     def handle_preemptions(self, kv_connector_metadata): ...
     def build_connector_worker_meta(self): ...
+    def _launch(self):
+        self._backend.launch_copy()
 '''
-LAUNCH, NOTHING = "self._backend.launch_copy()", "pass"
+LAUNCH, NOTHING, THROUGH_A_HELPER = "self._backend.launch_copy()", "pass", "self._launch()"
+IN_A_NESTED_FUNCTION = "(lambda: self._backend.launch_copy())()"
 
 
 def fake_simple_vllm(monkeypatch, tmp_path, version, start, finished, with_source=True):
     """A fake vllm `version` whose SimpleCPUOffloadWorker launches copies in
-    start_load_kv and/or get_finished (as its source says)."""
+    start_load_kv and/or get_finished (as its code says); without a source
+    file where `with_source` is False (an install of .pyc files only)."""
     import importlib.util
 
     src = WORKER_SOURCE.format(start=start, finished=finished)
@@ -962,11 +966,29 @@ def test_a_simple_worker_not_of_its_releases_era_is_refused(
         compat.check_vllm("simple")
 
 
-def test_a_simple_worker_without_source_is_refused(monkeypatch, tmp_path):
-    fake_simple_vllm(monkeypatch, tmp_path, "0.32.0", LAUNCH, NOTHING, with_source=False)
+@pytest.mark.parametrize(
+    "start, with_source",
+    [(THROUGH_A_HELPER, True), (THROUGH_A_HELPER, False), (IN_A_NESTED_FUNCTION, True)],
+    ids=["helper-with-source", "helper-bytecode-only", "nested-function"],
+)
+def test_the_simple_era_is_read_from_the_code_not_the_source_text(monkeypatch, tmp_path, start, with_source):
+    """A launch moved into a helper of the class or into a nested function
+    is still a launch, and an install without sources is read as well."""
+    fake_simple_vllm(monkeypatch, tmp_path, "0.32.0", start, NOTHING, with_source=with_source)
+    assert compat.check_vllm("simple") is not None
+    worker = sys.modules["vllm.v1.simple_kv_offload.worker"].SimpleCPUOffloadWorker
+    assert compat._launches(worker, "start_load_kv") and not compat._launches(worker, "get_finished")
+
+
+def test_a_simple_worker_without_python_code_is_refused(monkeypatch, tmp_path):
+    import functools
+
+    fake_simple_vllm(monkeypatch, tmp_path, "0.32.0", LAUNCH, NOTHING)
+    worker = sys.modules["vllm.v1.simple_kv_offload.worker"].SimpleCPUOffloadWorker
+    # a C-level callable with the method's signature (inspect follows __wrapped__), but no __code__
+    monkeypatch.setattr(worker, "start_load_kv", functools.lru_cache(worker.start_load_kv))
     with pytest.raises(
         compat.UnsupportedVLLM,
-        match=r"the source of SimpleCPUOffloadWorker is not available "
-        r"to tell its era",
+        match=r"SimpleCPUOffloadWorker's get_finished or start_load_kv has no Python code to tell its era",
     ):
         compat.check_vllm("simple")

@@ -27,8 +27,10 @@ chosen from the interface found, which must be the era of the release:
 
 from __future__ import annotations
 
+import dis
 import inspect
 import logging
+import types
 from typing import Any
 
 from ..._build_shared import release
@@ -244,13 +246,43 @@ def _major_minor(version: str) -> tuple[int, int] | None:
         return None
 
 
-def _launches(fn: Any) -> bool | None:
-    """Whether a worker method launches copies (calls the backend's
-    ``launch_copy``), read from its source; None without source."""
-    try:
-        return "launch_copy" in inspect.getsource(fn)
-    except (OSError, TypeError):
+def _code_names(code: types.CodeType) -> set[str]:
+    """The attribute and global names a code object refers to, its nested
+    code (comprehensions, closures) included: the bytecode's, so it holds
+    for an install without sources (``.pyc`` only)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _launches(cls: type, method: str) -> bool | None:
+    """Whether ``cls.method`` launches copies: refers to the backend's
+    ``launch_copy``, itself or through the methods of ``cls`` it refers to
+    (transitively, so a call moved into a helper is still seen). None when
+    the method has no Python code."""
+    code = getattr(getattr(cls, method, None), "__code__", None)
+    if code is None:
         return None
+    seen, todo, names = {method}, [code], set()
+    while todo:
+        found = _code_names(todo.pop())
+        names |= found
+        for name in found - seen:
+            helper = inspect.getattr_static(cls, name, None)
+            if isinstance(helper, types.FunctionType):
+                seen.add(name)
+                todo.append(helper.__code__)
+    return "launch_copy" in names
+
+
+def _stored_attributes(fn: Any) -> set[str]:
+    """The attributes a method assigns on an object (``x.name = ...``), from
+    its bytecode; empty when it has no Python code."""
+    if not isinstance(getattr(fn, "__code__", None), types.CodeType):
+        return set()
+    return {ins.argval for ins in dis.get_instructions(fn) if ins.opname == "STORE_ATTR"}
 
 
 def check_vllm(path: str = "offloading") -> Any:
@@ -496,11 +528,10 @@ def region_problems(region_cls: type) -> list[str]:
             problems.append(f"SharedOffloadRegion takes no {' or '.join(names)}")
     if not any(hasattr(region_cls, name) for name in REGION_VIEW_METHODS):
         problems.append(f"SharedOffloadRegion has none of {', '.join(REGION_VIEW_METHODS)}")
-    try:
-        init = inspect.getsource(region_cls.__init__)
-    except (OSError, TypeError):
-        init = ""
-    if not (hasattr(region_cls, REGION_BASE_ATTRIBUTES[0]) or f"self.{REGION_BASE_ATTRIBUTES[1]} =" in init):
+    if not (
+        hasattr(region_cls, REGION_BASE_ATTRIBUTES[0])
+        or REGION_BASE_ATTRIBUTES[1] in _stored_attributes(region_cls.__init__)
+    ):
         problems.append(f"SharedOffloadRegion has none of {', '.join(REGION_BASE_ATTRIBUTES)}")
     return problems
 
@@ -526,10 +557,12 @@ def _check_simple(
         )
     if problems:
         return problems, ""
-    deferred = _launches(worker.get_finished)
-    step = _launches(worker.start_load_kv)
+    deferred = _launches(worker, "get_finished")
+    step = _launches(worker, "start_load_kv")
     if deferred is None or step is None:
-        return ["the source of SimpleCPUOffloadWorker is not available to tell its era"], ""
+        return [
+            "SimpleCPUOffloadWorker's get_finished or start_load_kv has no Python code to tell its era"
+        ], ""
     if deferred == step:
         problems.append(
             "SimpleCPUOffloadWorker launches copies in "
