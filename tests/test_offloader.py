@@ -187,6 +187,23 @@ def test_kv_stacked_says_how_to_read_a_tensor_whose_dim_0_is_2(kv_stacked, tenso
             assert torch.equal(off.host_tensors[1][3], cache[1, 1])
 
 
+def test_a_num_blocks_2_cache_moves_through_its_k_and_v_views():
+    """A [num_blocks, 2, ...] cache (K and V interleaved per block) is given
+    as its two strided views; blocks round-trip whole and nothing else of
+    the cache changes (against a plain reference)."""
+    kv = torch.randn(16, 2, 4, 8)
+    expected = kv.clone()
+    expected[[7, 9]] = kv[[3, 5]]
+    expected[[3, 5]] = 0
+    with KVCacheOffloader({"l0": (kv[:, 0], kv[:, 1])}, 4, 4, num_host_blocks=8) as off:
+        off.store(1, [3, 5], [0, 1])
+        off.wait({1})
+        kv[[3, 5]] = 0
+        off.load(2, [0, 1], [7, 9])
+        off.wait({2})
+    assert torch.equal(kv, expected)
+
+
 class Scheduler:
     """Drives random jobs like a serving engine's scheduler, with a shadow model.
 
