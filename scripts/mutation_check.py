@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib.util
 import os
 import re
@@ -288,7 +289,17 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             return "timeout", out
+        end_group(proc.pid)
         return proc.returncode, out
+
+
+def end_group(pgid: int) -> None:
+    """Kills what is left of a finished run's process group: processes its
+    tests started and did not end (a multiprocessing forkserver, its
+    resource tracker and pool workers outlive a child that leaves by
+    os._exit), so that nothing this check starts outlives it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def build(work: Path, env: dict[str, str]) -> tuple[bool, str]:
@@ -364,6 +375,7 @@ def run_pytest(tests: list[str], cwd: Path, env: dict[str, str], timeout: float)
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 code = os.waitstatus_to_exitcode(status)
+                end_group(pid)
                 break
             if time.monotonic() > deadline:
                 os.killpg(pid, signal.SIGKILL)

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -671,6 +672,7 @@ def test_every_file_an_extension_includes_is_a_dependency_so_changing_it_rebuild
 TINY_SETUP = """
 import os
 import sys
+import time
 sys.path.insert(0, {root!r})
 from setuptools import Extension, setup
 from setup_helpers.build_command import BuildWithSummary
@@ -925,3 +927,58 @@ def test_lint_checks_a_new_cpp_file_before_it_is_added_to_git(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "new.cpp" in proc.stdout + proc.stderr
     assert "clang-format --dry-run --Werror (1 files)" in proc.stdout
+
+
+def test_ci_finds_and_ends_the_processes_a_step_left_running():
+    """scripts/leftovers.sh, which .ci/run runs after every step: a process
+    whose environment holds the step's token is listed (exit 1) and, with
+    --kill, ended; one without it is left alone."""
+    script = str(ROOT / "scripts" / "leftovers.sh")
+    token = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    tagged = subprocess.Popen(sleeper, env={**os.environ, "KVSWAP_CI_STEP": token})
+    other = subprocess.Popen(sleeper, env={**os.environ, "KVSWAP_CI_STEP": token + "-other"})
+    env = {**os.environ, "KVSWAP_LEFTOVER_GRACE_S": "1"}
+    try:
+        time.sleep(0.5)  # exec'd, so /proc/<pid>/environ is the child's
+        listed = subprocess.run(["bash", script, token], capture_output=True, text=True, timeout=60, env=env)
+        assert listed.returncode == 1 and [ln.split()[0] for ln in listed.stdout.splitlines()] == [
+            str(tagged.pid)
+        ], listed
+        assert tagged.poll() is None  # listing alone ends nothing
+        killed = subprocess.run(
+            ["bash", script, token, "--kill"], capture_output=True, text=True, timeout=60, env=env
+        )
+        assert killed.returncode == 1
+        assert tagged.wait(timeout=10) == -9 and other.poll() is None
+        after = subprocess.run(["bash", script, token], capture_output=True, text=True, timeout=60, env=env)
+        assert (after.returncode, after.stdout) == (0, "")
+    finally:
+        for proc in (tagged, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_process_that_ends_within_the_grace_period_is_not_a_leftover():
+    token = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    ending = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(1.5)"], env={**os.environ, "KVSWAP_CI_STEP": token}
+    )
+    try:
+        time.sleep(0.5)
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "leftovers.sh"), token],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "KVSWAP_LEFTOVER_GRACE_S": "10"},
+        )
+        assert (done.returncode, done.stdout) == (0, "")
+    finally:
+        ending.kill()
+        ending.wait()
+
+
+def test_every_ci_step_is_checked_for_processes_it_left_running():
+    run = (ROOT / ".ci" / "run").read_text()
+    assert 'KVSWAP_CI_STEP="$token" "$@"' in run and 'bash scripts/leftovers.sh "$token" --kill' in run

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("mutation_check", ROOT / "scripts" / "mutation_check.py")
 mc = importlib.util.module_from_spec(_spec)
@@ -371,6 +373,34 @@ def test_a_forked_test_run_past_its_timeout_is_killed_with_its_children(tmp_path
     ):
         time.sleep(0.1)
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` has ended (or is a zombie) within `within` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "subprocess"])
+def test_what_a_finished_test_run_left_running_is_ended(tmp_path, monkeypatch, forked):
+    """A test that starts a process and returns (as a multiprocessing
+    forkserver outlives a run that leaves by os._exit): the check ends it
+    with the run, so nothing it starts outlives it."""
+    (tmp_path / "test_leaves.py").write_text(
+        "import subprocess, sys\n"
+        "def test_leaves_a_process():\n"
+        "    open('child.pid', 'w').write(str(subprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(600)']).pid))\n"
+    )
+    if not forked:
+        monkeypatch.delattr(mc.os, "fork")  # run_pytest falls back to a subprocess
+    code, out = mc.run_pytest(["test_leaves.py"], tmp_path, {"PATH": "/usr/bin:/bin"}, 120)
+    assert code == 0, out
+    assert _gone(int((tmp_path / "child.pid").read_text()))
 
 
 def test_a_build_lock_left_in_the_copy_by_a_killed_check_is_removed(tmp_path):
