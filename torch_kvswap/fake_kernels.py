@@ -1,8 +1,8 @@
 """Fake (meta) kernels of every ``kvswap`` operator.
 
 This is the one place where torch.compile learns what each op does to shapes.
-What it must know about side effects and in-place writes goes through torch
-internals, in _compile_hooks.py. The checks mirror the C++ core's with ``torch._check`` so that
+What it must know about the pointer op's side effect goes through a torch
+internal, in _compile_hooks.py. The checks mirror the C++ core's with ``torch._check`` so that
 a malformed call fails at trace time as it would in eager mode.
 """
 
@@ -111,13 +111,9 @@ def _refuse_dynamic_storage_offset(dst_caches) -> None:
 
 @torch.library.register_fake("kvswap::swap_blocks")
 def _swap_blocks_fake(src_caches, dst_caches, src_block_ids, dst_block_ids):
-    from . import _compile_hooks  # imported by the package after this module
-
     _refuse_shared_destinations(dst_caches)
     _refuse_dynamic_storage_offset(dst_caches)
 
-    if not _compile_hooks.DESTINATIONS_IN_PLACE_WITHOUT_INDUCTOR:
-        _compile_hooks.warn_destinations_cloned()
     _refuse_unless(
         len(src_caches) == len(dst_caches),
         lambda: f"src_caches has {len(src_caches)} tensors but dst_caches has {len(dst_caches)}",

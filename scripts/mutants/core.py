@@ -437,7 +437,7 @@ MUTANTS = [
         tests=[EXPAND],
         why="on an accelerator, negative ids give negative sub-block ids",
     ),
-    # --- compile hooks (torch_kvswap/_compile_hooks.py) and fake kernels (fake_kernels.py) ---
+    # --- the compile hook (torch_kvswap/_compile_hooks.py) and fake kernels (fake_kernels.py) ---
     dict(
         name="ordered_effect_dropped",
         file="torch_kvswap/_compile_hooks.py",
@@ -445,24 +445,6 @@ MUTANTS = [
         replace="_ORDERED_EFFECT_OPS = ()",
         tests=[COMPILE, REGISTRY],
         why="torch.compile drops the pointer op (its result is unused) or reorders it",
-    ),
-    dict(
-        name="aot_eager_clones_destinations",
-        file="torch_kvswap/_compile_hooks.py",
-        where="in_place_for_swap_blocks",
-        find="            _only_clone_these_bases = ()\n",
-        replace="            pass\n",
-        tests=[COMPILE],
-        why="under aot_eager / cudagraphs every call clones the whole destination cache",
-    ),
-    dict(
-        name="in_place_hook_applies_to_every_op",
-        file="torch_kvswap/_compile_hooks.py",
-        where="in_place_for_swap_blocks",
-        find="if _mutable_op is swap_blocks and _only_clone_these_bases is None:",
-        replace="if _only_clone_these_bases is None:",
-        tests=[COMPILE],
-        why="other libraries' mutating ops lose the clone torch's semantics need",
     ),
     dict(
         name="inductor_reinplacing_off",
