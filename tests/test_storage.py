@@ -142,7 +142,10 @@ def test_compiled_call_refuses_a_block_outside_its_storage(fresh_compile, backen
     shrink(src[0] if side == "src" else dst[0], 64 * BLOCK_BYTES)
     before = dst[0][:64].clone()
     sid, did = (ids([1, 900]), ids([2, 3])) if side == "src" else (ids([1, 2]), ids([2, 900]))
-    with pytest.raises(RuntimeError, match=r"block 900 of .*out of bounds for storage of size 65536"):
+    # aot_eager clones each destination before the op (torch's
+    # auto_functionalized_v2): torch's clone refuses the shrunk one first.
+    who = "setStorage: " if (side, backend) == ("dst", "aot_eager") else "block 900 of "
+    with pytest.raises(RuntimeError, match=who + r".*out of bounds for storage of size 65536"):
         f(src, dst, sid, did)
     assert torch.equal(dst[0][:64], before)
 
