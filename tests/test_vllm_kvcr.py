@@ -22,8 +22,17 @@ import sys
 
 import pytest
 
-from test_vllm_engine import BLOCK, MODULE, close, connector, counters, engine
-from test_vllm_tiering import FULL, HOST_CHUNKS, Tracker, chunk_bytes, chunk_owner, generate, settle
+from test_vllm_engine import MODULE, close, connector, engine
+from test_vllm_tiering import (
+    FULL,
+    HOST_CHUNKS,
+    Tracker,
+    chunk_bytes,
+    chunk_owner,
+    generate,
+    promote_a_again,
+    store_three_prompts,
+)
 
 from vllm.config import KVTransferConfig
 
@@ -93,13 +102,7 @@ def test_the_kvcr_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact():
 
         # 1. A, B, C in turn: 24 chunks through a 12-chunk host tier, every one
         # deposited into the G2 pool; each slot holds one stored block.
-        baseline = {}
-        for n, name in enumerate("ABC", 1):
-            baseline[name], cached = generate(llm, name, tracker)
-            assert cached == 0
-            m = settle(llm, "vllm:kv_offload_tiering_write_bytes" + TIER, n * FULL * row, tracker)
-            assert m.get("vllm:kv_offload_tiering_write_bytes" + TIER) == n * FULL * row, m
-        assert len(tracker.rec.snapshots) == 3 * FULL
+        baseline = store_three_prompts(llm, tracker, TIER, row)
         owners = {
             slot: chunk_owner(pool[slot * row : (slot + 1) * row], tensors, off._pages, tracker.rec.snapshots)
             for slot in range(G2_SLOTS)
@@ -107,19 +110,7 @@ def test_the_kvcr_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact():
         assert sorted(owners.values()) == sorted(tracker.rec.snapshots), "a slot is not a stored block"
 
         # 2. A again: evicted from host memory, promoted from the pool.
-        assert llm.reset_prefix_cache()  # the device cache only
-        before = counters(llm, "vllm:kv_offload_tiering_")
-        tokens, cached = generate(llm, "A", tracker)
-        m = counters(llm, "vllm:kv_offload_tiering_")
-        read = m.get("vllm:kv_offload_tiering_read_bytes" + TIER, 0) - before.get(
-            "vllm:kv_offload_tiering_read_bytes" + TIER, 0
-        )
-        assert tokens == baseline["A"] and cached == FULL * BLOCK
-        assert read == FULL * row, m
-        assert tracker.counts() == (FULL, 0)  # every reloaded block byte-exact
-        assert not any(
-            k.startswith("vllm:kv_offload_tiering_promotion_job_failures") and v for k, v in m.items()
-        ), m
+        promote_a_again(llm, tracker, TIER, row, baseline)
 
         # 3. Control: B's slots get flipped bytes; with the host tier emptied
         # (KVCR's pool kept), B is promoted from them and every block must differ.

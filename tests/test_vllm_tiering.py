@@ -306,6 +306,39 @@ def settle(llm, metric: str, want: float, tracker: Tracker | None = None) -> dic
     return counters(llm, "vllm:kv_offload_tiering_")
 
 
+def store_three_prompts(llm, tracker: Tracker, tier: str, row: int) -> dict:
+    """A, B, C in turn: 24 chunks through a 12-chunk host tier, each prompt's
+    chunks written to the secondary `tier` (vLLM's label, "[1:fs]") before
+    the next prompt; returns each prompt's tokens."""
+    baseline = {}
+    for n, name in enumerate("ABC", 1):
+        baseline[name], cached = generate(llm, name, tracker)
+        assert cached == 0
+        m = settle(llm, "vllm:kv_offload_tiering_write_bytes" + tier, n * FULL * row, tracker)
+        assert m.get("vllm:kv_offload_tiering_write_bytes" + tier) == n * FULL * row, m
+    assert len(tracker.rec.snapshots) == 3 * FULL
+    return baseline
+
+
+def promote_a_again(llm, tracker: Tracker, tier: str, row: int, baseline: dict) -> None:
+    """A again, its chunks evicted from host memory (A was first of three):
+    promoted from `tier` through the host tier, the same tokens, every block
+    byte-exact, no promotion failed."""
+    assert llm.reset_prefix_cache()  # the device cache only
+    before = counters(llm, "vllm:kv_offload_tiering_")
+    tokens, cached = generate(llm, "A", tracker)
+    m = counters(llm, "vllm:kv_offload_tiering_")
+    read = m.get("vllm:kv_offload_tiering_read_bytes" + tier, 0) - before.get(
+        "vllm:kv_offload_tiering_read_bytes" + tier, 0
+    )
+    assert tokens == baseline["A"] and cached == FULL * BLOCK
+    assert read == FULL * row, m
+    assert tracker.counts() == (FULL, 0)  # every reloaded block byte-exact
+    assert not any(
+        k.startswith("vllm:kv_offload_tiering_promotion_job_failures") and v for k, v in m.items()
+    ), m
+
+
 def block_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.bin"))
 
@@ -349,13 +382,7 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
 
         # 1. A, B, C in turn: 24 chunks through a 12-chunk host tier, every one
         # written to disk (each prompt's writes finish before the next prompt).
-        baseline = {}
-        for n, name in enumerate("ABC", 1):
-            baseline[name], cached = generate(llm, name, tracker)
-            assert cached == 0
-            m = settle(llm, "vllm:kv_offload_tiering_write_bytes" + TIER, n * FULL * row, tracker)
-            assert m.get("vllm:kv_offload_tiering_write_bytes" + TIER) == n * FULL * row, m
-        assert len(tracker.rec.snapshots) == 3 * FULL
+        baseline = store_three_prompts(llm, tracker, TIER, row)
         files = block_files(tmp_path)
         assert len(files) == 3 * FULL and all(f.stat().st_size == row for f in files)
         assert len(list(tmp_path.glob("*/config.json"))) == 1
@@ -364,19 +391,7 @@ def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tm
 
         # 2. A again: its chunks were evicted from host memory (A was first of
         # three), so they are promoted from disk through the host tier.
-        assert llm.reset_prefix_cache()  # the device cache only
-        before = counters(llm, "vllm:kv_offload_tiering_")
-        tokens, cached = generate(llm, "A", tracker)
-        m = counters(llm, "vllm:kv_offload_tiering_")
-        read = m.get("vllm:kv_offload_tiering_read_bytes" + TIER, 0) - before.get(
-            "vllm:kv_offload_tiering_read_bytes" + TIER, 0
-        )
-        assert tokens == baseline["A"] and cached == FULL * BLOCK
-        assert read == FULL * row, m
-        assert tracker.counts() == (FULL, 0)  # every reloaded block byte-exact
-        assert not any(
-            k.startswith("vllm:kv_offload_tiering_promotion_job_failures") and v for k, v in m.items()
-        ), m
+        promote_a_again(llm, tracker, TIER, row, baseline)
 
         # 3. Control: B's files get the same size and flipped bytes; with the
         # host tier emptied (the disk kept), B is promoted from them and the
