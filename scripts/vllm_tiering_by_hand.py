@@ -52,7 +52,7 @@ try:
         print(name, "files", len(t.block_files(root)))
     files = t.block_files(root)
     assert len(files) == 3 * t.FULL and all(f.stat().st_size == row for f in files), len(files)
-    owners = {f: t.file_owner(f, tensors, off._pages, tr.rec.snapshots) for f in files}
+    owners = {f: t.chunk_owner(f.read_bytes(), tensors, off._pages, tr.rec.snapshots) for f in files}
     assert sorted(owners.values()) == sorted(tr.rec.snapshots), "a file is not a stored block"
     assert llm.reset_prefix_cache()
     tokens, cached = t.generate(llm, "A", tr)
