@@ -4,7 +4,7 @@
 # environment, which every process the step starts inherits (a forkserver,
 # an engine's workers, a daemon that left its session), so after the step
 # has ended any process whose environment holds it is a leftover. Those
-# that end by themselves within KVSWAP_LEFTOVER_GRACE_S seconds (default 10:
+# that end by themselves within KVSWAP_LEFTOVER_GRACE_S seconds (default 30:
 # a forkserver sees its parent's exit a moment later) are not. Prints
 # "PID ARGS" for each leftover; with --kill, also ends them (SIGKILL).
 # Exits 1 when it found any, 0 when none.
@@ -13,7 +13,7 @@ token="${1:?usage: leftovers.sh TOKEN [--kill]}"
 holding() {  # one grep over every process's environment (NUL-separated entries)
   grep -lzxF "KVSWAP_CI_STEP=$token" /proc/[0-9]*/environ 2>/dev/null | sed 's#^/proc/\([0-9]*\)/environ$#\1#'
 }
-deadline=$((SECONDS + ${KVSWAP_LEFTOVER_GRACE_S:-10}))
+deadline=$((SECONDS + ${KVSWAP_LEFTOVER_GRACE_S:-30}))
 while found=($(holding)); [ "${#found[@]}" -gt 0 ] && [ "$SECONDS" -lt "$deadline" ]; do
   sleep 0.5
 done
