@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from test_vllm_engine import MODULE, close, connector, engine
+from test_vllm_engine import MODULE, close, engine
 from test_vllm_tiering import (
     FULL,
     HOST_CHUNKS,
@@ -32,12 +32,12 @@ from test_vllm_tiering import (
     generate,
     promote_a_again,
     store_three_prompts,
+    tiering_worker,
 )
 
 from vllm.config import KVTransferConfig
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
-from torch_kvswap.integrations.vllm.offloading import _host_chunks
 from vllm_helpers import free_port
 from vllm_helpers import no_region_left_behind  # noqa: F401 - the fixture, used below
 
@@ -88,14 +88,7 @@ def kvcr_pool(llm) -> mmap.mmap:
 def test_the_kvcr_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact():
     llm = kvcr_engine(free_port())
     try:
-        wc = connector().connector_worker
-        spec, worker = wc.spec, wc.worker
-        assert type(spec) is kvswap_vllm.KVSwapTieringOffloadingSpec
-        assert type(worker) is kvswap_vllm.KVSwapOffloadingWorker
-        assert _host_chunks(spec) == HOST_CHUNKS and spec.kv_bytes_per_chunk == chunk_bytes()
-        row = spec.kv_bytes_per_chunk
-        off = worker.offloader
-        tensors = [off.device_tensors[i] for i in off.groups[0]]
+        worker, row, off, tensors = tiering_worker()
         pool = kvcr_pool(llm)
         assert len(pool) == G2_SLOTS * row
         tracker = Tracker(worker)

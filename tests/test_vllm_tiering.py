@@ -306,6 +306,19 @@ def settle(llm, metric: str, want: float, tracker: Tracker | None = None) -> dic
     return counters(llm, "vllm:kv_offload_tiering_")
 
 
+def tiering_worker():
+    """The engine's worker, checked to be the tiering spec's over a host tier
+    of HOST_CHUNKS chunks of chunk_bytes(): (the worker, a chunk's bytes,
+    its offloader, group 0's device tensors)."""
+    wc = connector().connector_worker
+    spec, worker = wc.spec, wc.worker
+    assert type(spec) is kvswap_vllm.KVSwapTieringOffloadingSpec
+    assert type(worker) is kvswap_vllm.KVSwapOffloadingWorker
+    assert _host_chunks(spec) == HOST_CHUNKS and spec.kv_bytes_per_chunk == chunk_bytes()
+    off = worker.offloader
+    return worker, spec.kv_bytes_per_chunk, off, [off.device_tensors[i] for i in off.groups[0]]
+
+
 def store_three_prompts(llm, tracker: Tracker, tier: str, row: int) -> dict:
     """A, B, C in turn: 24 chunks through a 12-chunk host tier, each prompt's
     chunks written to the secondary `tier` (vLLM's label, "[1:fs]") before
@@ -370,14 +383,7 @@ def chunk_owner(chunk: bytes, tensors, pages: list[int], snapshots: dict) -> tup
 def test_the_disk_tier_takes_evicted_chunks_and_promotes_them_back_byte_exact(tmp_path):
     llm = tiered_engine(tmp_path)
     try:
-        wc = connector().connector_worker
-        spec, worker = wc.spec, wc.worker
-        assert type(spec) is kvswap_vllm.KVSwapTieringOffloadingSpec
-        assert type(worker) is kvswap_vllm.KVSwapOffloadingWorker
-        assert _host_chunks(spec) == HOST_CHUNKS and spec.kv_bytes_per_chunk == chunk_bytes()
-        row = spec.kv_bytes_per_chunk
-        off = worker.offloader
-        tensors = [off.device_tensors[i] for i in off.groups[0]]
+        worker, row, off, tensors = tiering_worker()
         tracker = Tracker(worker)
 
         # 1. A, B, C in turn: 24 chunks through a 12-chunk host tier, every one

@@ -147,8 +147,8 @@ def _refuse_missing_packages(tiers: list) -> None:
     """Refuses, when the spec is built, a secondary tier whose package is not
     installed, naming what to install (vLLM would fail later, inside the
     engine's start, with a bare ``ModuleNotFoundError``)."""
-    types = {t.get("type") for t in tiers if isinstance(t, dict)}
-    needing = sorted(types & set(NIXL_TIERS))
+    kinds = {t.get("type") for t in tiers if isinstance(t, dict)}
+    needing = sorted(kinds & set(NIXL_TIERS))
     if needing:
         try:
             import nixl  # noqa: F401
@@ -159,7 +159,7 @@ def _refuse_missing_packages(tiers: list) -> None:
                 f"pip install --no-deps nixl-cu13==1.5.1 (nixl-cu12 for CUDA 12; the UCX backend in "
                 f"it also serves CPU-only hosts)"
             ) from exc
-    if "kvcr" in types:
+    if "kvcr" in kinds:
         try:
             import kvcr  # noqa: F401
         except ImportError as exc:
