@@ -22,20 +22,17 @@ import sys
 
 import pytest
 
-from test_vllm_engine import MODULE, close, engine
+from test_vllm_engine import close
 from test_vllm_tiering import (
     FULL,
-    HOST_CHUNKS,
     Tracker,
-    chunk_bytes,
     chunk_owner,
+    engine_with_tier,
     generate,
     promote_a_again,
     store_three_prompts,
     tiering_worker,
 )
-
-from vllm.config import KVTransferConfig
 
 from torch_kvswap.integrations import vllm as kvswap_vllm
 from vllm_helpers import free_port
@@ -52,26 +49,15 @@ G2_SLOTS = 3 * FULL  # every chunk of the three prompts fits
 
 
 def kvcr_engine(port: int):
-    return engine(
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="OffloadingConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config={
-                "spec_name": "KVSwapTieringOffloadingSpec",
-                "spec_module_path": MODULE,
-                "cpu_bytes_to_use": HOST_CHUNKS * chunk_bytes(),
-                "secondary_tiers": [
-                    {
-                        "type": "kvcr",
-                        "router_capabilities": ["router_hint"],
-                        "control_host": "127.0.0.1",
-                        "control_advertise_host": "127.0.0.1",
-                        "control_ports": [port],
-                        "secondary_g2_slots": G2_SLOTS,
-                    }
-                ],
-            },
-        )
+    return engine_with_tier(
+        {
+            "type": "kvcr",
+            "router_capabilities": ["router_hint"],
+            "control_host": "127.0.0.1",
+            "control_advertise_host": "127.0.0.1",
+            "control_ports": [port],
+            "secondary_g2_slots": G2_SLOTS,
+        }
     )
 
 

@@ -223,7 +223,9 @@ def chunk_bytes() -> int:
     return -(-raw // 4096) * 4096
 
 
-def tiered_engine(root: Path, host_chunks: int = HOST_CHUNKS, **tier):
+def engine_with_tier(tier: dict, host_chunks: int = HOST_CHUNKS):
+    """The test model's engine with KVSwapTieringOffloadingSpec: a host tier
+    of `host_chunks` chunks, then the secondary `tier`."""
     return engine(
         kv_transfer_config=KVTransferConfig(
             kv_connector="OffloadingConnector",
@@ -232,11 +234,16 @@ def tiered_engine(root: Path, host_chunks: int = HOST_CHUNKS, **tier):
                 "spec_name": "KVSwapTieringOffloadingSpec",
                 "spec_module_path": MODULE,
                 "cpu_bytes_to_use": host_chunks * chunk_bytes(),
-                "secondary_tiers": [
-                    {"type": "fs", "root_dir": str(root), "n_read_threads": 2, "n_write_threads": 2, **tier}
-                ],
+                "secondary_tiers": [tier],
             },
         )
+    )
+
+
+def tiered_engine(root: Path, host_chunks: int = HOST_CHUNKS, **tier):
+    """engine_with_tier with vLLM's disk tier in `root`."""
+    return engine_with_tier(
+        {"type": "fs", "root_dir": str(root), "n_read_threads": 2, "n_write_threads": 2, **tier}, host_chunks
     )
 
 
