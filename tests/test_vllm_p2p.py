@@ -98,13 +98,13 @@ def from_peer(port: int, request: str) -> dict:
 RUNNING: list[Instance] = []
 
 
-def start(name: str, port: int, log_dir: Path, core: int, **engine) -> Instance:
-    """An engine with the p2p tier on `port`, on one core. An idle engine
-    with a p2p tier never rests (vLLM's p2p tier always has pending work,
-    so the engine steps without a request, and its engine core and worker
-    busy-wait on each step: about 100 % of a core each, measured): on two
-    cores, an engine starting beside it took over 5 minutes unless each
-    engine has a core of its own."""
+def launch(name: str, port: int, log_dir: Path, core: int, **engine) -> Instance:
+    """Starts an engine with the p2p tier on `port`, on one core, without
+    waiting for it (see ready). An idle engine with a p2p tier never rests
+    (vLLM's p2p tier always has pending work, so the engine steps without
+    a request, and its engine core and worker busy-wait on each step: about
+    100 % of a core each, measured): on two cores, an engine starting beside
+    it took over 5 minutes unless each engine has a core of its own."""
     inst = Instance(
         name,
         {"kv_transfer_config": tiering_config(f"kvswap-p2p-{name}-{os.getpid()}", port), **engine},
@@ -113,10 +113,19 @@ def start(name: str, port: int, log_dir: Path, core: int, **engine) -> Instance:
         cores={core},
     )
     RUNNING.append(inst)
-    inst.ready()
     inst.port = port
+    return inst
+
+
+def ready(inst: Instance) -> Instance:
+    """Waits for a launched engine and turns on its workers' records."""
+    inst.ready()
     assert inst.rpc("kvswap_track") == [0]
     return inst
+
+
+def start(name: str, port: int, log_dir: Path, core: int, **engine) -> Instance:
+    return ready(launch(name, port, log_dir, core, **engine))
 
 
 def records(inst: Instance, path: Path) -> dict:
@@ -172,8 +181,12 @@ def pair(tmp_path_factory):
     p.baseline = {}
     started = RUNNING
     try:
-        p.a = start("A", free_port(), p.log_dir, core=0)
-        p.b = start("B", free_port(), p.log_dir, core=1)
+        # Side by side, each on its core: a minute, not two.
+        port_a = free_port()
+        port_b = next(port for port in iter(free_port, None) if port != port_a)
+        p.a = launch("A", port_a, p.log_dir, core=0)
+        p.b = launch("B", port_b, p.log_dir, core=1)
+        ready(p.a), ready(p.b)
         yield p
     finally:
         for inst in started:

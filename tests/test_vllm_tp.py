@@ -7,7 +7,10 @@ vLLM's multiprocessing executor, one worker per core
 (``VLLM_CPU_OMP_THREADS_BIND="0|1"``: ``auto`` refuses two ranks on a
 one-NUMA-node machine), and the 4-layer model with random weights
 (tests/vllm_instance.py's ``random_weight_model``: vLLM's dummy weights are
-the same on both ranks, whose KV heads would then hold the same bytes). Each
+the same on both ranks, whose KV heads would then hold the same bytes), and
+the engine core in the instance's own process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: a Python start fewer per engine; the
+ranks' workers are processes either way). Each
 rank's worker is instrumented (tests/vllm_worker_extension.py, reached with
 ``collective_rpc``): a block loaded on a rank must equal what that rank stored
 for the same position or host block, and the two ranks' stored blocks must
@@ -38,7 +41,7 @@ from test_vllm_engine import BLOCK, FULL, MODULE, PROMPT
 from vllm_instance import Instance, random_weight_model
 
 CHUNK_PER_RANK = 4 * 2 * BLOCK * 1 * 64 * 2  # one KV head of the two on each rank
-ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONHASHSEED": "0"}
+ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "PYTHONHASHSEED": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 @pytest.fixture(scope="module")
