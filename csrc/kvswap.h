@@ -18,9 +18,9 @@
 // each engine hands the core its table when its extension loads (the core's
 // own host engine at start-up), and the core calls it directly. A call
 // crosses the dispatcher once, into the core's op. Engines live in separate
-// shared objects that link neither the core nor each other: the core module
-// exports its registry as a Python capsule (python_module.h), and a missing
-// engine is an error message, not a loader failure.
+// shared objects that link the core (for its registry, kvswap_engine_registry
+// below) but not each other, and a missing engine is an error message, not a
+// loader failure.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -91,11 +91,13 @@ decltype(auto) before_any_copy(F&& f) {
   }
 }
 
-// A validated, merged batch of copies, as handed to an engine. The three
-// arrays have `count` entries; every size is > 0 and every address non-null.
-// The arrays are borrowed from tensors owned by the caller of the engine; an
-// engine that needs them after it returns (an asynchronous API that reads them
-// late) must keep those tensors alive itself.
+// A validated, merged batch of copies, as the core hands it to an engine: the
+// engine re-checks nothing. The three arrays have `count` (> 0) entries; every
+// size is > 0, every address non-null, and each range lies in memory the
+// caller's tensors hold (or, for swap_blocks_batch, that its caller vouched
+// for). `owner` holds the arrays: an engine whose copies read them after
+// submit returns (an asynchronous API that reads them late) keeps a copy of it
+// until then.
 struct CopyBatch {
   const int64_t* src = nullptr;
   const int64_t* dst = nullptr;
@@ -103,28 +105,8 @@ struct CopyBatch {
   int64_t count = 0;
   int64_t total_bytes = 0;
   Direction direction = Direction::kHostToDevice;
+  at::Tensor owner;
 };
-
-// Views the tensors of an EngineInterface::submit call as a CopyBatch. The tensors were built
-// by the core (contiguous, int64, CPU, equal length, sizes > 0), so this only
-// re-checks what is cheap and would otherwise corrupt memory.
-inline CopyBatch batch_from_tensors(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
-                                    const at::Tensor& sizes, int64_t direction, int64_t total_bytes) {
-  const auto n = src_ptrs.numel();
-  TORCH_CHECK(dst_ptrs.numel() == n && sizes.numel() == n && src_ptrs.scalar_type() == at::kLong &&
-                  dst_ptrs.scalar_type() == at::kLong && sizes.scalar_type() == at::kLong &&
-                  src_ptrs.is_contiguous() && dst_ptrs.is_contiguous() && sizes.is_contiguous(),
-              "an engine's submit expects the core's descriptor tensors; call swap_blocks or "
-              "swap_blocks_batch instead");
-  CopyBatch batch;
-  batch.src = src_ptrs.const_data_ptr<int64_t>();
-  batch.dst = dst_ptrs.const_data_ptr<int64_t>();
-  batch.size = sizes.const_data_ptr<int64_t>();
-  batch.count = n;
-  batch.total_bytes = total_bytes;
-  batch.direction = checked_direction(direction);
-  return batch;
-}
 
 inline void* as_ptr(int64_t address) { return reinterpret_cast<void*>(static_cast<uintptr_t>(address)); }
 
@@ -138,13 +120,9 @@ struct EngineInterface {
   // As reports and errors name the engine: "CUDA engine (torch_kvswap._C_cuda)".
   const char* name;
 
-  // Queues the core's merged descriptors (three contiguous 1-D int64 CPU
-  // tensors of equal length; every size > 0; batch_from_tensors views them)
-  // on the current stream of `device`. The tensors are the core's descriptor
-  // table: an engine whose copies read them after it returns keeps the
-  // tensors alive until then.
-  void (*submit)(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
-                 int64_t direction, int64_t total_bytes, c10::Device device);
+  // Queues the core's validated, merged batch (CopyBatch) on the current
+  // stream of `device`.
+  void (*submit)(const CopyBatch& batch, c10::Device device);
 
   // Whether the current stream of `device` is being captured into a graph.
   // The core asks before it picks a path, since a capture forbids
@@ -178,10 +156,10 @@ struct EngineInterface {
 
 // Bumped whenever EngineInterface or EngineRegistry changes, so that an
 // engine built against another layout is refused when it loads.
-inline constexpr uint32_t kEngineInterfaceVersion = 1;
+inline constexpr uint32_t kEngineInterfaceVersion = 2;
 
 // The core's registry of engines, one per device type (CPU, CUDA,
-// PrivateUse1), as the core module exports it (python_module.h).
+// PrivateUse1), as the core's library exports it (kvswap_engine_registry).
 struct EngineRegistry {
   uint32_t version;  // kEngineInterfaceVersion of the core's build
   // Makes `engine` serve `type` (null: nothing serves it) and returns the
@@ -193,5 +171,41 @@ struct EngineRegistry {
   // engines through it).
   const EngineInterface* (*lookup)(c10::DeviceType type);
 };
+
+}  // namespace kvswap
+
+// The core's registry (csrc/core/engines.cpp), exported by the core's library
+// (torch_kvswap._C), which every engine's library links: an engine installs
+// itself while its library loads (install_engine below, KVSWAP_ENGINE_MODULE
+// in python_module.h), whether Python imports it, torch.ops.load_library
+// loads it or a C++ program opens it. Never null.
+extern "C" __attribute__((visibility("default"))) const kvswap::EngineRegistry* kvswap_engine_registry();
+
+namespace kvswap {
+
+// Why the core cannot take an engine built for engine interface `expected`
+// ("" when it can).
+inline std::string registry_mismatch(uint32_t expected = kEngineInterfaceVersion) {
+  const uint32_t core = kvswap_engine_registry()->version;
+  if (core == expected) return "";
+  return "torch_kvswap: this engine was built for engine interface " + std::to_string(expected) +
+         " but the core (torch_kvswap._C) has " + std::to_string(core) + "; rebuild torch_kvswap";
+}
+
+// Makes the engine `engine()` returns serve `type`. Returns why it could not
+// ("" when it did): another interface, the engine's own setup or the core
+// refused. Never throws, so an engine's library may call it while it loads.
+inline std::string install_engine(c10::DeviceType type, const EngineInterface& (*engine)()) {
+  std::string mismatch = registry_mismatch();
+  if (!mismatch.empty()) return mismatch;
+  try {
+    kvswap_engine_registry()->install(type, &engine());
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "torch_kvswap: the engine's setup failed with an exception that is not a std::exception";
+  }
+  return "";
+}
 
 }  // namespace kvswap

@@ -1,32 +1,16 @@
 // Every schema of the `kvswap` namespace, declared once. Their kernels are
 // the core's (csrc/core/registration_core.cpp); engines register no op: they
-// install an EngineInterface (kvswap.h) through the registry this module
-// exports. Fake kernels live in torch_kvswap/fake_kernels.py.
+// install an EngineInterface (kvswap.h) in the registry this library exports
+// (kvswap_engine_registry). Fake kernels live in torch_kvswap/fake_kernels.py.
 #include <torch/library.h>
 
-#include "core/core.h"
-#include "core/test_hooks.h"
 #include "python_module.h"
 
-// The core's module exports two capsules: the engine registry, which each
-// engine's module imports to install itself, and the hooks of the test
-// extension (core/test_hooks.h).
+// The core's module: importing it loads the library, whose registrations
+// below (and the host engine's, csrc/core/engines.cpp) run as it loads.
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
-  static PyModuleDef module_def = {
-      PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
-  PyObject* module = kvswap::python::create_module(
-      &module_def, "_engine_registry",
-      PyCapsule_New(const_cast<kvswap::EngineRegistry*>(&kvswap::core::kRegistry),
-                    kvswap::python::kRegistryCapsule, nullptr));
-  if (module == nullptr) return nullptr;
-  PyObject* hooks = PyCapsule_New(const_cast<kvswap::CoreTestHooks*>(&kvswap::core::kTestHooks),
-                                  kvswap::python::kTestHooksCapsule, nullptr);
-  if (hooks == nullptr || PyModule_AddObject(module, "_test_hooks", hooks) < 0) {
-    Py_XDECREF(hooks);
-    Py_DECREF(module);
-    return nullptr;
-  }
-  return module;
+  KVSWAP_MODULE_DEF(_C);
+  return kvswap::python::create_module(&module_def);
 }
 
 TORCH_LIBRARY(kvswap, m) {

@@ -1,7 +1,10 @@
-"""Per-call cost of an eager swap_blocks call (docs/performance.md, "Per-call cost").
+"""Per-call cost of eager swap_blocks and swap_blocks_batch calls
+(docs/performance.md, "Per-call cost").
 
-One id per call, 16-byte blocks (the copy costs next to nothing), with 1 and
-64 cache pairs, against a baseline in the same run: the empty custom op
+swap_blocks: one id per call, 16-byte blocks (the copy costs next to
+nothing), with 1 and 64 cache pairs. swap_blocks_batch: 1, 64 and 1,024
+descriptors of 16 bytes each, between separate rows (none merge), on the
+host. Against a baseline in the same run: the empty custom op
 ``torch.ops.kvswap._get_copy_method()`` (one dispatcher crossing, no work).
 The calls are timed in alternation, so that drift on a shared machine hits
 each alike; each figure is the median of ``--repeats`` rounds of ``--inner``
@@ -35,6 +38,15 @@ def main() -> None:
         cases[f"swap_blocks, {pairs} pair{'s' if pairs > 1 else ''}"] = lambda src=src, dst=dst: (
             torch_kvswap.swap_blocks(src, dst, sid, did)
         )
+    host = int(torch_kvswap.Direction.HOST_TO_DEVICE)  # no accelerator: the host engine copies
+    rows = torch.zeros(2, 2048, 4)  # 16-byte rows; descriptor i copies row 2i of one into row 2i of the other
+    for n in (1, 64, 1024):
+        src_ptrs = torch.tensor([rows[0, 2 * i].data_ptr() for i in range(n)])
+        dst_ptrs = torch.tensor([rows[1, 2 * i].data_ptr() for i in range(n)])
+        sizes = torch.full((n,), 16)
+        cases[f"swap_blocks_batch, {n} descriptor{'s' if n > 1 else ''}"] = (
+            lambda s=src_ptrs, d=dst_ptrs, z=sizes: torch.ops.kvswap.swap_blocks_batch(s, d, z, host)
+        )
     times: dict[str, list[float]] = {name: [] for name in cases}
     for fn in cases.values():
         for _ in range(100):
@@ -48,7 +60,7 @@ def main() -> None:
     base = statistics.median(times["empty custom op"])
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"{name:24s} {median * 1e6:7.2f} us  ({median / base:5.2f}x the empty op)")
+        print(f"{name:34s} {median * 1e6:7.2f} us  ({median / base:5.2f}x the empty op)")
 
 
 if __name__ == "__main__":

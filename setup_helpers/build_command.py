@@ -30,6 +30,9 @@ from .engines import FAKES_ENABLE, Engine
 #: minutes. More cores cut them; other work on the machine stretches them.
 ROUGH_MINUTES = {"host": (2, 5), "cuda": (1, 2), "npu": (1, 2), "fake_cuda": (1, 3)}
 
+#: The core's extension, which every other one links (BuildWithSummary.link_core).
+CORE = "torch_kvswap._C"
+
 LABELS = {
     "host": "host engine (_C)",
     "cuda": "CUDA engine (_C_cuda)",
@@ -194,9 +197,29 @@ class BuildWithSummary(BuildExtension):
     def label(self, ext) -> str:
         return next((LABELS[e.key] for e in self.engines if e.module == ext.name), ext.name)
 
+    def link_core(self, ext) -> None:
+        """Every extension but the core links the core's library, for its
+        engine registry (csrc/kvswap.h, kvswap_engine_registry), and finds
+        it beside itself at run time: an engine installs itself when its
+        library loads, imported or not. setuptools builds the core first;
+        an in-place build that skips it links the tree's copy."""
+        if ext.name == CORE or getattr(ext, "links_core", False):
+            return
+        core = Path(self.get_ext_fullpath(CORE))
+        if not core.is_file():
+            core = Path(__file__).resolve().parents[1] / "torch_kvswap" / core.name
+        ext.extra_link_args = [
+            *ext.extra_link_args,
+            f"-L{core.parent}",
+            f"-l:{core.name}",
+            "-Wl,-rpath,$ORIGIN",
+        ]
+        ext.links_core = True
+
     def build_extension(self, ext):
         if ext not in self.to_build:
             return None  # up to date: not even linked anew
+        self.link_core(ext)
         self.stamp(ext).unlink(missing_ok=True)
         label = self.label(ext)
         print(f"torch_kvswap: compiling the {label} ...", file=self.progress)

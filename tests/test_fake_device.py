@@ -132,8 +132,9 @@ def test_host_tensor_copies_hand_the_engine_one_call_with_every_byte():
     assert calls[0].device == torch.device("cpu")
 
 
-def test_engines_validate_the_direction_they_are_handed():
-    # The engine-facing entry point rejects a code outside the C++ enum.
+def test_a_batch_carries_only_the_enums_direction_codes():
+    # An engine's batch holds a Direction (csrc/kvswap.h, CopyBatch): a code
+    # outside the C++ enum cannot become one, so no engine meets it.
     src, dst = torch.arange(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)
     with pytest.raises(
         ValueError,

@@ -2,10 +2,11 @@
 
 The core ``_C`` holds every schema, the validation and the host engine; without
 it the package cannot work, so a missing build is an ImportError that says how
-to build. Each accelerator engine is a separate extension that, when
-imported, installs its table of functions (csrc/kvswap.h, EngineInterface:
-submit, capture query, host registration, report, ...) in the core for its
-device type. A missing or broken engine never breaks the import: it is
+to build. Each accelerator engine is a separate extension that links the core
+and, when its library loads (this import, or ``torch.ops.load_library``),
+installs its table of functions (csrc/kvswap.h, EngineInterface: submit,
+capture query, host registration, report, ...) in the core for its device
+type. A missing or broken engine never breaks the import: it is
 recorded in :data:`ENGINE_ERRORS` and the ops raise a clear error only when a
 copy actually needs that engine.
 """

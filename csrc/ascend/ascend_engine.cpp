@@ -426,10 +426,7 @@ std::vector<std::string> Engine::report(c10::Device device) {
 
 namespace {
 
-void submit_kernel(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
-                   int64_t direction, int64_t total_bytes, c10::Device device) {
-  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);
-}
+void submit_kernel(const CopyBatch& batch, c10::Device device) { engine().submit(batch, device); }
 
 bool stream_capturing_kernel(c10::Device device) { return engine().stream_capturing(device); }
 

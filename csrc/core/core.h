@@ -133,6 +133,11 @@ struct Descriptors {
     ++count;
   }
 
+  // The batch an engine receives (kvswap.h): this table's rows, held by it.
+  CopyBatch batch(Direction direction) const {
+    return CopyBatch{src_, dst_, size_, count, total_bytes, direction, table};
+  }
+
   // The used part of each row; views, sharing the table's storage.
   std::tuple<at::Tensor, at::Tensor, at::Tensor> rows() const {
     auto used = table.narrow(1, 0, count);

@@ -72,6 +72,14 @@ const EngineInterface* engine_of(c10::DeviceType type) { return slot(type).load(
 
 const EngineRegistry kRegistry{kEngineInterfaceVersion, &install, &engine_of};
 
+}  // namespace core
+}  // namespace kvswap
+
+extern "C" const kvswap::EngineRegistry* kvswap_engine_registry() { return &kvswap::core::kRegistry; }
+
+namespace kvswap {
+namespace core {
+
 namespace {
 [[maybe_unused]] const bool g_host_installed =
     (install(c10::DeviceType::CPU, &host_engine::engine_interface()), true);
@@ -88,9 +96,7 @@ void submit(const Descriptors& d, Direction direction, c10::Device device) {
   if (d.count == 0) {
     return;  // nothing to copy: no engine is needed, no stream is touched
   }
-  const EngineInterface& engine = engine_for(device, "to copy");
-  auto [src, dst, size] = d.rows();
-  engine.submit(src, dst, size, static_cast<int64_t>(direction), d.total_bytes, device);
+  engine_for(device, "to copy").submit(d.batch(direction), device);
 }
 
 void record_host_use(at::TensorList src_caches, at::TensorList dst_caches, c10::Device device) {

@@ -58,6 +58,8 @@ const CoreTestHooks kTestHooks{
 }  // namespace core
 }  // namespace kvswap
 
+extern "C" const kvswap::CoreTestHooks* kvswap_core_test_hooks() { return &kvswap::core::kTestHooks; }
+
 TORCH_LIBRARY_IMPL(kvswap, CPU, m) {
   kvswap::core::register_device_generic(m);
   // The pointer op takes CPU descriptor tensors only; it copies on the

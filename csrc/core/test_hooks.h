@@ -1,6 +1,6 @@
 // What the core exports for the test extension (tests/fake_cuda/
-// test_extension.cpp), and nothing else uses: internals that tests read, as
-// the capsule `torch_kvswap._C._test_hooks` (python_module.h). No op of the
+// test_extension.cpp), and nothing else uses: internals that tests read,
+// through kvswap_core_test_hooks (the test extension links the core). No op of the
 // `kvswap` namespace serves them, so a release build's ops are the public
 // ones and those its Python calls; the test extension declares them as
 // `kvswap_test` ops.
@@ -43,3 +43,6 @@ extern const CoreTestHooks kTestHooks;  // registration_core.cpp
 }  // namespace core
 
 }  // namespace kvswap
+
+// The hooks above; exported by the core's library (registration_core.cpp).
+extern "C" __attribute__((visibility("default"))) const kvswap::CoreTestHooks* kvswap_core_test_hooks();

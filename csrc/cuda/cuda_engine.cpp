@@ -413,18 +413,16 @@ bool copy_batched(const CopyBatch& b, cudaStream_t stream, int device, int64_t c
 
 }  // namespace
 
-void submit_cuda(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
-                 int64_t direction, int64_t total_bytes, c10::Device device) {
+void submit_cuda(const CopyBatch& batch, c10::Device device) {
   bool queued = false;  // whether a copy of this call may have been queued
   try {
     const int index = checked_index(device);
-    const CopyBatch batch = batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes);
     DeviceScope scope(index);
     const cudaStream_t stream = api().current_stream(index);
     if (!is_legacy(stream) && batch_enabled(index) && !is_capturing(stream)) {
       const int64_t cap = max_batch();
       queued = true;
-      if (copy_batched(batch, stream, index, cap, {src_ptrs, dst_ptrs, sizes})) return;
+      if (copy_batched(batch, stream, index, cap, {batch.owner})) return;
       queued = false;  // the batch API is unsupported here: nothing was queued
     }
     copy_each(batch, stream, queued);

@@ -70,8 +70,7 @@ void set_cuda_api(const CudaApi* api);
 const EngineInterface& engine_interface();
 
 // The engine's entries, as engine_interface() lists them.
-void submit_cuda(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
-                 int64_t direction, int64_t total_bytes, c10::Device device);
+void submit_cuda(const CopyBatch& batch, c10::Device device);
 void swap_blocks_kernel_cuda(at::TensorList src_caches, at::TensorList dst_caches,
                              const at::Tensor& src_block_ids, const at::Tensor& dst_block_ids);
 bool stream_capturing_cuda(c10::Device device);

@@ -337,12 +337,8 @@ std::tuple<std::string, int64_t> host_copy_plan(int64_t total_bytes) {
   return {mode_name(mode), split_parts(total_bytes)};
 }
 
-void submit_host(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
-                 int64_t direction, int64_t total_bytes, c10::Device device) {
-  const CopyBatch batch = before_any_copy([&] {
-    TORCH_CHECK(device.is_cpu(), "host engine asked to copy on ", device);
-    return batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes);
-  });
+void submit_host(const CopyBatch& batch, c10::Device device) {
+  before_any_copy([&] { TORCH_CHECK(device.is_cpu(), "host engine asked to copy on ", device); });
   copy_batch(batch);  // plain memory copies: nothing here fails once started
 }
 

@@ -91,10 +91,12 @@ MUTANTS = [
         name="ascend-descriptor-table-held-after-submit",
         file="csrc/ascend/ascend_engine.cpp",
         where="submit_kernel",
-        find="  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n",
-        replace="  static std::vector<at::Tensor> held;  // kept until the next call, as an in-flight record would\n"
-        "  engine().submit(batch_from_tensors(src_ptrs, dst_ptrs, sizes, direction, total_bytes), device);\n"
-        "  held = {src_ptrs, dst_ptrs, sizes};\n",
+        find="void submit_kernel(const CopyBatch& batch, c10::Device device) { engine().submit(batch, device); }",
+        replace="void submit_kernel(const CopyBatch& batch, c10::Device device) {\n"
+        "  static at::Tensor held;  // kept until the next call, as an in-flight record would\n"
+        "  engine().submit(batch, device);\n"
+        "  held = batch.owner;\n"
+        "}",
         tests=FAKE,
         why="finding 7: the descriptor arrays are held after the call "
         "(test_7_descriptor_table_is_released_when_submit_returns)",

@@ -319,6 +319,27 @@ MUTANTS = [
         why="a test engine put in the host engine's place cannot give it back: every later host copy fails",
     ),
     dict(
+        name="engine-library-installs-nothing",
+        file="csrc/kvswap.h",
+        where="install_engine",
+        find="    kvswap_engine_registry()->install(type, &engine());",
+        replace="    (void)engine();",
+        tests=[
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_load-"
+            "test_engine_loads_and_copies_without_batch_api_and_capture_query]"
+        ],
+        why="an engine's library loads and says nothing, but no engine serves its device: every copy fails",
+    ),
+    dict(
+        name="engine-for-another-interface-accepted",
+        file="csrc/kvswap.h",
+        where="registry_mismatch",
+        find="  if (core == expected) return \"\";",
+        replace="  if (true) return \"\";",
+        tests=[REGISTRY + "::test_an_engine_built_for_another_interface_is_refused_at_import"],
+        why="an engine built against another EngineInterface layout is installed and called through the wrong table",
+    ),
+    dict(
         name="engines-op-leaves-out-the-accelerator-backend",
         file="csrc/core/engines.cpp",
         where="engines_op",

@@ -508,12 +508,15 @@ std::vector<double> bench_overhead(int64_t descriptors, int64_t iters) {
   auto one = table(1);
   auto many = table(descriptors);
   std::vector<double> out;
-  // Row views are made outside the timed loop.
-  auto r1 = std::vector<at::Tensor>{one[0], one[1], one[2]};
-  auto rn = std::vector<at::Tensor>{many[0], many[1], many[2]};
-  auto run = [&](const std::vector<at::Tensor>& r) {
-    kvswap::cuda::submit_cuda(r[0], r[1], r[2], 0, r[2].numel() * 64, device);
+  // The batches the core would hand over, made outside the timed loop.
+  auto batch_of = [](const at::Tensor& t) {
+    const int64_t n = t.size(1);
+    const int64_t* rows = t.const_data_ptr<int64_t>();
+    return kvswap::CopyBatch{rows, rows + n, rows + 2 * n, n, n * 64, kvswap::Direction::kHostToDevice, t};
   };
+  const auto r1 = batch_of(one);
+  const auto rn = batch_of(many);
+  auto run = [&](const kvswap::CopyBatch& b) { kvswap::cuda::submit_cuda(b, device); };
   out.push_back(1e9 * seconds_per_call(iters, [&] { run(r1); }));
   out.push_back(1e9 * seconds_per_call(iters / 16 + 1, [&] { run(rn); }));
   // The no-op table's current stream is not the legacy one; switch the table

@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -32,8 +33,8 @@
 
 namespace kvswap_test {
 
-const kvswap::EngineRegistry* g_registry = nullptr;
-const kvswap::CoreTestHooks* g_hooks = nullptr;
+const kvswap::EngineRegistry* const g_registry = kvswap_engine_registry();
+const kvswap::CoreTestHooks* const g_hooks = kvswap_core_test_hooks();
 
 namespace {
 
@@ -54,10 +55,33 @@ Entry entry(const std::string& engine, Entry EngineInterface::* member, const ch
   return e.*member;
 }
 
+// An empty tensor whose storage keeps `tensors` alive: the owner of a batch
+// whose arrays are those tensors' memory.
+at::Tensor holding(std::vector<at::Tensor> tensors) {
+  auto kept = std::make_shared<std::vector<at::Tensor>>(std::move(tensors));
+  return at::from_blob(kept.get(), {0}, [kept](void*) {}, at::TensorOptions().dtype(at::kByte));
+}
+
+// Hands an engine the batch the three descriptor tensors describe, as the
+// core hands it one (kvswap.h, CopyBatch): the arrays are the tensors' own
+// memory (a test may change them after a capture), held by the batch's
+// owner; the direction must be one of the enum's codes.
 void submit(const std::string& engine, const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs,
             const at::Tensor& sizes, int64_t direction, int64_t total_bytes, c10::Device device) {
-  entry(engine, &EngineInterface::submit, "submit")(src_ptrs, dst_ptrs, sizes, direction, total_bytes,
-                                                    device);
+  for (const at::Tensor* t : {&src_ptrs, &dst_ptrs, &sizes}) {
+    TORCH_CHECK(
+        t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous() && t->is_cpu() &&
+            t->numel() == src_ptrs.numel(),
+        "kvswap_test.submit: the descriptors are three contiguous 1-D int64 CPU tensors of one length");
+  }
+  const kvswap::CopyBatch batch{src_ptrs.const_data_ptr<int64_t>(),
+                                dst_ptrs.const_data_ptr<int64_t>(),
+                                sizes.const_data_ptr<int64_t>(),
+                                src_ptrs.numel(),
+                                total_bytes,
+                                kvswap::checked_direction(direction),
+                                holding({src_ptrs, dst_ptrs, sizes})};
+  entry(engine, &EngineInterface::submit, "submit")(batch, device);
 }
 
 bool stream_capturing(const std::string& engine, c10::Device device) {
@@ -101,18 +125,23 @@ Spy& spy() {
   return *s;
 }
 
-void spy_submit(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
-                int64_t direction, int64_t total_bytes, c10::Device device) {
-  const auto table = at::stack({src_ptrs, dst_ptrs, sizes});  // a copy: the core reuses its table
+void spy_submit(const kvswap::CopyBatch& b, c10::Device device) {
+  // A copy: the core reuses its table.
+  const int64_t n = b.count;
+  const auto table = at::empty({3, n}, at::kLong);
+  int64_t* out = table.data_ptr<int64_t>();
+  const auto row_bytes = static_cast<size_t>(n) * sizeof(int64_t);
+  std::memcpy(out, b.src, row_bytes);
+  std::memcpy(out + n, b.dst, row_bytes);
+  std::memcpy(out + 2 * n, b.size, row_bytes);
   bool copy;
   {
     std::lock_guard<std::mutex> lock(spy().mutex);
-    spy().calls.push_back(Call{table, direction, total_bytes, device.str()});
+    spy().calls.push_back(Call{table, static_cast<int64_t>(b.direction), b.total_bytes, device.str()});
     copy = spy().copy;
   }
   if (!copy) return;
   const int64_t* rows = table.const_data_ptr<int64_t>();
-  const int64_t n = table.size(1);
   for (int64_t i = 0; i < n; ++i) {
     std::memmove(kvswap::as_ptr(rows[n + i]), kvswap::as_ptr(rows[i]), static_cast<size_t>(rows[2 * n + i]));
   }
@@ -159,43 +188,17 @@ spy_calls() {
 
 // --- how engines are installed ------------------------------------------------------
 
-// Runs `step` (true: it succeeded) holding the GIL, which torch.ops calls
-// run without; returns the message of the Python error it left set, "" when
-// it succeeded. The error is cleared.
-template <class Step>
-std::string python_error_of(Step&& step) {
-  const PyGILState_STATE gil = PyGILState_Ensure();
-  std::string message;
-  if (!step()) {
-    PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyObject* text = value != nullptr ? PyObject_Str(value) : nullptr;
-    const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
-    message = utf8 != nullptr ? utf8 : "(no message)";
-    Py_XDECREF(text);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
-  }
-  PyGILState_Release(gil);
-  return message;
-}
-
-// The message of the ImportError an engine's import raises when the core's
-// engine interface is not `expected` ("" when it is).
+// What an engine's import would raise when the core's engine interface is
+// not `expected` ("" when it is).
 std::string import_registry(int64_t expected) {
-  return python_error_of(
-      [&] { return kvswap::python::core_registry(static_cast<uint32_t>(expected)) != nullptr; });
+  return kvswap::registry_mismatch(static_cast<uint32_t>(expected));
 }
 
-// Installs, as an engine's module does, an engine whose setup fails; returns
-// the ImportError's message the import would raise.
+// Installs, as an engine's library does, an engine whose setup fails;
+// returns why the install failed, which that engine's import raises.
 std::string install_failing_engine(const std::string& engine) {
-  const auto type = device_type(engine);
-  return python_error_of([&] {
-    return kvswap::python::install_engine(type, []() -> const EngineInterface& {
-      throw std::runtime_error("the engine's setup failed (tests)");
-    });
+  return kvswap::install_engine(device_type(engine), []() -> const EngineInterface& {
+    throw std::runtime_error("the engine's setup failed (tests)");
   });
 }
 
@@ -229,15 +232,10 @@ std::string direction_name(int64_t direction) { return kvswap::direction_name(di
 }  // namespace
 }  // namespace kvswap_test
 
-// The module: imports the core's capsules first (csrc/python_module.h).
+// The module: the library links the core, whose registry and test hooks it
+// takes while it loads (g_registry, g_hooks).
 extern "C" PyMODINIT_FUNC PyInit__fake_cuda(void) {
-  static PyModuleDef module_def = {
-      PyModuleDef_HEAD_INIT, "_fake_cuda", nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr};
-  kvswap_test::g_registry = kvswap::python::core_registry();
-  if (kvswap_test::g_registry == nullptr) return nullptr;
-  kvswap_test::g_hooks =
-      static_cast<const kvswap::CoreTestHooks*>(PyCapsule_Import(kvswap::python::kTestHooksCapsule, 0));
-  if (kvswap_test::g_hooks == nullptr) return nullptr;
+  KVSWAP_MODULE_DEF(_fake_cuda);
   return kvswap::python::create_module(&module_def);
 }
 

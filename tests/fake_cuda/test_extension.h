@@ -6,9 +6,8 @@
 
 namespace kvswap_test {
 
-// The core's engine registry and test hooks, taken when the module is
-// imported (test_extension.cpp, PyInit__fake_cuda).
-extern const kvswap::EngineRegistry* g_registry;
-extern const kvswap::CoreTestHooks* g_hooks;
+// The core's engine registry and test hooks (the extension links the core).
+extern const kvswap::EngineRegistry* const g_registry;
+extern const kvswap::CoreTestHooks* const g_hooks;
 
 }  // namespace kvswap_test

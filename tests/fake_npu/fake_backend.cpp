@@ -515,9 +515,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Fake ACL runtime and fake 'npu' PrivateUse1 backend for testing the Ascend engine";
   install();
   // The engine's own table goes into the core, as _C_npu's import does.
-  if (!kvswap::python::install_engine(c10::DeviceType::PrivateUse1, &kvswap::ascend::engine_interface)) {
-    throw py::error_already_set();
-  }
+  const std::string refused =
+      kvswap::install_engine(c10::DeviceType::PrivateUse1, &kvswap::ascend::engine_interface);
+  if (!refused.empty()) throw py::import_error(refused);
   m.def("reset", &reset, "forget faults, counts, captures, queued copies; new engine state");
   m.def("set_absent", &set_absent, "ACL functions missing from the engine's table from now on");
   m.def(

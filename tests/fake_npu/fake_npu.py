@@ -52,7 +52,9 @@ def load_fake():
     global _ext
     if _ext is not None:
         return _ext
-    import torch_kvswap  # noqa: F401 - the kvswap schemas must exist before the engine registers
+    import torch_kvswap._C  # the kvswap schemas must exist before the engine registers
+
+    core = Path(torch_kvswap._C.__file__)
 
     build_dir = Path(os.environ.get("KVSWAP_FAKE_NPU_BUILD_DIR", ROOT / "build" / "fake_npu"))
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,10 @@ def load_fake():
         sources=[str(p) for p in ENGINE_SOURCES + FAKE_SOURCES],
         extra_include_paths=[str(ROOT / "csrc"), str(HERE)],
         extra_cflags=cflags,
-        extra_ldflags=os.environ.get("KVSWAP_FAKE_NPU_LDFLAGS", "").split(),
+        # The engine installs itself in the core's registry, which it links
+        # as the engine's library does (setup_helpers/build_command.py, link_core).
+        extra_ldflags=[f"-L{core.parent}", f"-l:{core.name}", f"-Wl,-rpath,{core.parent}"]
+        + os.environ.get("KVSWAP_FAKE_NPU_LDFLAGS", "").split(),
         build_directory=str(build_dir),
         verbose=False,
     )
