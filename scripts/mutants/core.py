@@ -325,8 +325,8 @@ MUTANTS = [
         find="    kvswap_engine_registry()->install(type, &engine());",
         replace="    (void)engine();",
         tests=[
-            "tests/test_ascend_fake.py::test_fake_npu[main-cases_load-"
-            "test_engine_loads_and_copies_without_batch_api_and_capture_query]"
+            "tests/test_ascend_fake.py::test_fake_npu[main-cases_findings-"
+            "test_7_descriptor_table_is_released_when_submit_returns]"
         ],
         why="an engine's library loads and says nothing, but no engine serves its device: every copy fails",
     ),
