@@ -20,7 +20,8 @@ find "$COV/temp" -name '*.gcda' -delete 2>/dev/null || true
 # BuildWithSummary.stale). A changed source still makes the copy stale.
 mkdir -p "$COV/temp"
 for so in "$ROOT"/torch_kvswap/_C.*.so; do cp --preserve=timestamps "$so" "$TREE/torch_kvswap/"; done
-for stamp in "$ROOT"/build/temp.*/torch_kvswap._C.fingerprint; do cp "$stamp" "$COV/temp/"; done
+TORCH_RELEASE="$("$PY" -c 'import torch; print(torch.__version__)')"
+for stamp in "$ROOT"/build/temp.*/"torch-$TORCH_RELEASE"/torch_kvswap._C.fingerprint; do cp "$stamp" "$COV/temp/"; done
 echo "[coverage] building torch_kvswap._fake_cuda with --coverage in $TREE"
 (cd "$TREE" && KVSWAP_BUILD_CUDA=0 KVSWAP_BUILD_NPU=0 KVSWAP_BUILD_FAKES=1 KVSWAP_FAKE_COVERAGE=1 \
   "$PY" setup.py --quiet build_ext --inplace --build-temp "$COV/temp" 2>&1 | grep -F -e '_fake_cuda' -e '(_C)')

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
+import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import ClassVar
 
@@ -167,6 +169,60 @@ def captured_output(log_path: Path, verbose: bool):
             )
 
 
+class CompileProgress:
+    """While one extension compiles, follows the build log from its current
+    end and says each of ninja's "[done/all]" lines as "N of M files": a
+    build is not silent for minutes. A context manager; the last lines are
+    read when it ends."""
+
+    STATUS = re.compile(rb"^\[(\d+)/(\d+)\] ", re.M)
+
+    def __init__(self, log_path: Path, label: str, out, poll_s: float = 0.5):
+        self.log_path, self.label, self.out, self.poll_s = log_path, label, out, poll_s
+        self.offset = log_path.stat().st_size if log_path.exists() else 0
+        self.pending = b""
+        self.start = time.monotonic()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()  # one reader at a time: each line is said once
+        self.thread = threading.Thread(target=self._follow, name="kvswap-build-progress", daemon=True)
+
+    def __enter__(self) -> CompileProgress:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.read()
+
+    def _follow(self) -> None:
+        while not self.stop.wait(self.poll_s):
+            self.read()
+
+    def read(self) -> None:
+        """Says every complete status line written since the last read."""
+        with self.lock:
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.offset)
+                chunk = log.read()
+        except OSError:
+            return
+        self.offset += len(chunk)
+        text = self.pending + chunk
+        complete, _, self.pending = text.rpartition(b"\n")
+        for done, total in self.STATUS.findall(complete):
+            print(
+                f"torch_kvswap:   {self.label}: {int(done)} of {int(total)} files compiled "
+                f"({elapsed(time.monotonic() - self.start)})",
+                file=self.out,
+                flush=True,
+            )
+
+
 class BuildWithSummary(BuildExtension):
     """torch's BuildExtension (ninja when found), quiet, ending with one line
     per engine."""
@@ -175,6 +231,16 @@ class BuildWithSummary(BuildExtension):
     #: setup() runs the command.
     engines: ClassVar[list[Engine]] = []
 
+    def finalize_options(self) -> None:
+        keyed = self.build_temp is None  # not given with --build-temp
+        super().finalize_options()
+        if keyed:
+            # Objects and fingerprints per torch release: a build for another
+            # torch in the same clone (`pip install .` from another venv)
+            # leaves this torch's in-place build as it was, with nothing to
+            # compile again.
+            self.build_temp = os.path.join(self.build_temp, f"torch-{torch.__version__}")
+
     def stale(self) -> list:
         """The extensions this run compiles. torch's BuildExtension forces
         setuptools to build every extension (ninja then recompiles what
@@ -182,6 +248,13 @@ class BuildWithSummary(BuildExtension):
         than its sources and built with the same fingerprint is skipped."""
         if not self.inplace:
             return list(self.extensions)
+        record = Path(self.get_ext_fullpath(CORE)).parent / "_build_info.json"
+        try:
+            in_place_torch = json.loads(record.read_text()).get("torch")
+        except (OSError, ValueError):
+            in_place_torch = None
+        if in_place_torch != torch.__version__:
+            return list(self.extensions)  # the tree's extensions are another torch's (or unknown)
         return [
             e
             for e in self.extensions
@@ -227,8 +300,10 @@ class BuildWithSummary(BuildExtension):
         # An engine found by detection that does not compile is left out
         # (setuptools skips copying a missing optional extension); the
         # host engine and forced engines fail the build.
+        progress = CompileProgress(self.log_path, label, self.progress) if self.log_path else nullcontext()
         try:
-            super().build_extension(ext)
+            with progress:
+                super().build_extension(ext)
         except Exception as exc:  # reported in the summary
             print(
                 f"torch_kvswap: the {label} failed after {elapsed(time.monotonic() - start)}",
@@ -286,7 +361,9 @@ class BuildWithSummary(BuildExtension):
         self.to_build = self.stale()
         print("\n".join(self.opening_lines()), file=sys.stderr, flush=True)
         log = Path(tempfile.mkstemp(prefix="torch_kvswap-build-", suffix=".log")[1])
-        with captured_output(log, bool(flag("KVSWAP_VERBOSE_BUILD"))) as self.progress:
+        verbose = bool(flag("KVSWAP_VERBOSE_BUILD"))
+        self.log_path = None if verbose else log  # verbose: ninja's own lines reach the terminal
+        with captured_output(log, verbose) as self.progress:
             super().run()
         warnings = (
             [line for line in log.read_text(errors="replace").splitlines() if "warning:" in line]

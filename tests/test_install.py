@@ -11,6 +11,7 @@ decisions those paths depend on.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import re
@@ -674,6 +675,8 @@ import os
 import sys
 import time
 sys.path.insert(0, {root!r})
+import torch
+torch.__version__ = os.environ.get("TINY_TORCH", torch.__version__)  # as if another torch were installed
 from setuptools import Extension, setup
 from setup_helpers.build_command import BuildWithSummary
 from setup_helpers.engines import Decision, Engine
@@ -685,10 +688,10 @@ setup(name="tiny", ext_modules=[ext], cmdclass={{"build_ext": BuildWithSummary}}
 """
 
 
-def _build_in_place(tree: Path, **extra_env: str) -> str:
+def _build_in_place(tree: Path, *, inplace: bool = True, **extra_env: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "KVSWAP_VERBOSE_BUILD"} | extra_env
     proc = subprocess.run(
-        [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
+        [sys.executable, "setup.py", "--quiet", "build_ext", *(["--inplace"] if inplace else [])],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -730,6 +733,52 @@ def test_a_build_says_as_each_extension_starts_and_ends_with_its_elapsed_time(ti
         if re.fullmatch(r"torch_kvswap: the host engine \(_C\) compiled in \d+\.\d s", line)
     )
     assert start < end < lines.index(f"torch_kvswap: built against torch {torch.__version__}"), lines
+
+
+def test_a_build_says_how_many_files_of_all_it_has_compiled(tiny_build):
+    lines = tiny_build[1].splitlines()
+    start = lines.index("torch_kvswap: compiling the host engine (_C) ...")
+    progress = [i for i, line in enumerate(lines) if "files compiled" in line]
+    assert progress and start < progress[0], lines
+    assert re.fullmatch(
+        r"torch_kvswap:   host engine \(_C\): 1 of 1 files compiled \(\d+\.\d s\)", lines[progress[-1]]
+    ), lines
+
+
+def test_progress_says_each_status_line_once_as_the_log_grows(tmp_path):
+    log, out = tmp_path / "build.log", io.StringIO()
+    log.write_bytes(b"[1/9] from an earlier extension\n")
+    with build_command.CompileProgress(log, "host engine (_C)", out, poll_s=0.01) as progress:
+        with open(log, "ab") as f:
+            f.write(b"[1/3] c++ -c a.cpp\nwarning: something\n[2/3] c++ -c b")  # b's line is not complete
+            f.flush()
+            progress.read()
+            f.write(b".cpp\n[3/3] c++ -shared\n")
+    said = re.findall(r"(\d+) of (\d+) files", out.getvalue())
+    assert said == [("1", "3"), ("2", "3"), ("3", "3")], out.getvalue()
+
+
+def test_a_build_for_another_torch_in_the_clone_leaves_the_in_place_build_up_to_date(tiny_build):
+    """`pip install .` from another venv builds the wheel's objects in a
+    folder of that torch's: this torch's in-place build has nothing to do."""
+    tree = tiny_build[0]
+    _build_in_place(tree)
+    out = _build_in_place(tree, inplace=False, TINY_TORCH="9.9.9")
+    assert "torch_kvswap: compiling the host engine (_C) ..." in out, out
+    assert sorted(p.name for p in (tree / "build").glob("temp.*/torch-*")) == sorted(
+        [f"torch-{torch.__version__}", "torch-9.9.9"]
+    )
+    assert "nothing to compile" in _build_in_place(tree)
+
+
+def test_an_in_place_build_for_another_torch_compiles_again(tiny_build):
+    """The tree's extensions were built for the torch its build record names:
+    under another torch they are rebuilt, and again when switching back."""
+    tree = tiny_build[0]
+    _build_in_place(tree)
+    assert "compiling the host engine (_C)" in _build_in_place(tree, TINY_TORCH="9.9.9")
+    assert "compiling the host engine (_C)" in _build_in_place(tree)
+    assert "nothing to compile" in _build_in_place(tree)
 
 
 def test_a_rebuild_that_compiles_nothing_prints_no_banner(tiny_build):

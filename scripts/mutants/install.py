@@ -151,6 +151,38 @@ MUTANTS = [
         why="minutes of silence while an extension compiles",
     ),
     dict(
+        name="install-no-line-per-file-compiled",
+        file="setup_helpers/build_command.py",
+        where="CompileProgress._read",
+        find="        for done, total in self.STATUS.findall(complete):\n",
+        replace="        for done, total in self.STATUS.findall(b\"\"):\n",
+        tests=[
+            T + "::test_a_build_says_how_many_files_of_all_it_has_compiled",
+            T + "::test_progress_says_each_status_line_once_as_the_log_grows",
+        ],
+        why="a 3-minute compile of the host engine says nothing between its first and last line",
+    ),
+    dict(
+        name="install-one-object-folder-for-every-torch",
+        file="setup_helpers/build_command.py",
+        where="BuildWithSummary.finalize_options",
+        find="        if keyed:\n",
+        replace="        if False:\n",
+        tests=[T + "::test_a_build_for_another_torch_in_the_clone_leaves_the_in_place_build_up_to_date"],
+        why="`pip install .` from another venv overwrote the clone's objects and fingerprints: the next "
+        "scripts/demo.sh compiled everything again (180 s)",
+    ),
+    dict(
+        name="install-in-place-build-of-another-torch-looks-current",
+        file="setup_helpers/build_command.py",
+        where="BuildWithSummary.stale",
+        find="        if in_place_torch != torch.__version__:\n",
+        replace="        if False:\n",
+        tests=[T + "::test_an_in_place_build_for_another_torch_compiles_again"],
+        why="with objects per torch, an in-place build back on the earlier torch keeps the other torch's "
+        "extension in the tree (it is newer than the sources and its own fingerprint matches)",
+    ),
+    dict(
         name="install-source-newer-than-extension-not-stale",
         file="setup_helpers/build_command.py",
         where="is_stale",
