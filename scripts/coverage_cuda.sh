@@ -19,7 +19,11 @@ find "$COV/temp" -name '*.gcda' -delete 2>/dev/null || true
 # so the copy's build compiles only the fake, not _C again (build_command.py,
 # BuildWithSummary.stale). A changed source still makes the copy stale.
 mkdir -p "$COV/temp"
-for so in "$ROOT"/torch_kvswap/_C.*.so; do cp --preserve=timestamps "$so" "$TREE/torch_kvswap/"; done
+# With the tree's build record: an in-place build whose record names another
+# torch (or none) compiles everything (build_command.py, BuildWithSummary.stale).
+for so in "$ROOT"/torch_kvswap/_C.*.so "$ROOT"/torch_kvswap/_build_info.json; do
+  cp --preserve=timestamps "$so" "$TREE/torch_kvswap/"
+done
 TORCH_RELEASE="$("$PY" -c 'import torch; print(torch.__version__)')"
 for stamp in "$ROOT"/build/temp.*/"torch-$TORCH_RELEASE"/torch_kvswap._C.fingerprint; do cp "$stamp" "$COV/temp/"; done
 echo "[coverage] building torch_kvswap._fake_cuda with --coverage in $TREE"
