@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -550,13 +551,15 @@ def test_transfer_async_on_one_thread_and_get_finished_on_another(offloader):
         while not done.is_set() or offloader.pending():
             collected.extend(offloader.get_finished())
 
-    poller = threading.Thread(target=poll)
+    poller = threading.Thread(target=poll, daemon=True)  # a failed submission must not leave it spinning
     poller.start()
-    for j in range(200):
-        offloader.transfer_async(j, (DeviceBlocks([2 * (j % 4), 2 * (j % 4) + 1]), HostBlocks([j % 4])))
-        if j % 4 == 3:
-            offloader.wait(range(j - 3, j + 1))  # same host blocks come round again
-    done.set()
+    try:
+        for j in range(200):
+            offloader.transfer_async(j, (DeviceBlocks([2 * (j % 4), 2 * (j % 4) + 1]), HostBlocks([j % 4])))
+            if j % 4 == 3:
+                offloader.wait(range(j - 3, j + 1))  # same host blocks come round again
+    finally:
+        done.set()
     poller.join(timeout=60)
     assert not poller.is_alive()
     assert [r.job_id for r in collected] == list(range(200))  # submission order, exactly
@@ -850,14 +853,21 @@ def test_get_finished_is_not_held_up_by_a_submission_being_launched(offloader):
             lane.put(job)
 
     offloader._queues["store"] = SlowQueue()
-    submitter = threading.Thread(target=offloader.store, args=(1, [0, 1], [0]))
-    submitter.start()
-    assert entered.wait(30)
-    poller = threading.Thread(target=offloader.get_finished)
-    poller.start()
-    poller.join(10)
-    launch_was_blocking_get_finished = poller.is_alive()
-    release.set()
+    try:
+        submitter = threading.Thread(target=offloader.store, args=(1, [0, 1], [0]), daemon=True)
+        submitter.start()
+        deadline = time.monotonic() + 30
+        while not entered.wait(0.05):  # a store that fails before queuing ends the wait at once
+            assert submitter.is_alive() and time.monotonic() < deadline, (
+                "the store never reached its lane's queue"
+            )
+        poller = threading.Thread(target=offloader.get_finished)
+        poller.start()
+        poller.join(10)
+        launch_was_blocking_get_finished = poller.is_alive()
+    finally:
+        release.set()  # and the lane's own queue again, for the stop at shutdown
+        offloader._queues["store"] = lane
     submitter.join()
     poller.join()
     assert not launch_was_blocking_get_finished
