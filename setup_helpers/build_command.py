@@ -248,9 +248,8 @@ class BuildWithSummary(BuildExtension):
         than its sources and built with the same fingerprint is skipped."""
         if not self.inplace:
             return list(self.extensions)
-        record = Path(self.get_ext_fullpath(CORE)).parent / "_build_info.json"
         try:
-            in_place_torch = json.loads(record.read_text()).get("torch")
+            in_place_torch = json.loads(self.record_path().read_text()).get("torch")
         except (OSError, ValueError):
             in_place_torch = None
         if in_place_torch != torch.__version__:
@@ -266,6 +265,11 @@ class BuildWithSummary(BuildExtension):
     def stamp(self, ext) -> Path:
         """Where the fingerprint of an extension's last build is kept."""
         return Path(self.build_temp) / f"{ext.name}.fingerprint"
+
+    def record_path(self) -> Path:
+        """The build record, beside the core's extension: in the tree for an
+        in-place build, in the build folder for a wheel."""
+        return Path(self.get_ext_fullpath(CORE)).parent / "_build_info.json"
 
     def label(self, ext) -> str:
         return next((LABELS[e.key] for e in self.engines if e.module == ext.name), ext.name)
@@ -370,14 +374,14 @@ class BuildWithSummary(BuildExtension):
             if log.exists()
             else []
         )
-        package_dir = Path(self.get_ext_fullpath("torch_kvswap._C")).parent
+        record = self.record_path()
         if not self.inplace:
             # Only what this build built goes into the wheel: an extension
             # file in the build folder that this build did not write (a
             # test fake built in place and copied with the package's
             # files, or an engine of an earlier build) is removed.
             remove_stale_extensions(
-                package_dir,
+                record.parent,
                 {
                     Path(self.get_ext_fullpath(e.name)).name
                     for e in self.extensions
@@ -385,7 +389,7 @@ class BuildWithSummary(BuildExtension):
                 },
             )
         info = self.build_info(built)
-        (package_dir / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        record.write_text(json.dumps(info, indent=2) + "\n")
         if self.to_build:
             for line in summary_lines(info):
                 print(line, file=sys.stderr)
