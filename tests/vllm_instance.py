@@ -16,6 +16,11 @@ answers one JSON command per line of its standard input with one JSON line
 
 The engine's arguments are tests/test_vllm_engine.py's (the 4-layer model,
 32-token blocks), with the test's overrides.
+
+:class:`ServerInstance` is the same engine as vLLM's OpenAI server, started
+from a command line, with the parts of :class:`Instance`'s interface a
+server can offer over HTTP (``VLLM_SERVER_DEV_MODE=1`` for
+``/collective_rpc``).
 """
 
 from __future__ import annotations
@@ -24,15 +29,37 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 REPLY = "KVSWAP-REPLY "
 TESTS = Path(__file__).resolve().parent
+ENGINE_MODEL = str(TESTS / "data" / "llama-4layer")
+#: the test model's engine: ``LLM``'s arguments, and as the server's flags (SERVER_FLAGS)
+ENGINE = dict(
+    load_format="dummy",
+    skip_tokenizer_init=True,
+    enforce_eager=True,
+    dtype="float16",
+    max_model_len=512,
+    block_size=32,
+    max_num_seqs=2,
+    num_gpu_blocks_override=64,
+    seed=0,
+    enable_prefix_caching=True,
+)
+SERVER_FLAGS = [
+    part
+    for name, value in ENGINE.items()
+    for part in (["--" + name.replace("_", "-")] + ([] if value is True else [str(value)]))
+]
 
 
 def random_weight_model(root: Path, seed: int = 0) -> Path:
@@ -167,6 +194,11 @@ class Instance:
     def rpc(self, method: str, *args, timeout: float = 120) -> list:
         return self.send(timeout=timeout, op="rpc", method=method, args=list(args))["result"]
 
+    def metrics(self, prefix: str = "vllm:") -> dict[str, float]:
+        """vLLM's counters with `prefix`, summed over labels but the tier's
+        (``name[label]``)."""
+        return self.send(op="metrics", prefix=prefix)["metrics"]
+
     def tail(self, lines: int = 60) -> str:
         self._log_file.flush()
         return "".join(self.log.read_text(errors="replace").splitlines(True)[-lines:])
@@ -209,6 +241,144 @@ class Instance:
         return self.proc.returncode
 
 
+def http(url: str, body: dict | None = None, timeout: float = 120) -> bytes:
+    """GET `url` (POST `body` as JSON when given); the response's body."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, method="GET" if body is None else "POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read()
+
+
+def metrics(base: str) -> dict[str, float]:
+    """``/metrics`` samples by name and labels (without engine and model labels)."""
+    out: dict[str, float] = {}
+    for line in http(base + "/metrics").decode().splitlines():
+        m = re.fullmatch(r"([\w:]+)(?:\{(.*)\})? (\S+)", line)
+        if not m or line.startswith("#"):
+            continue
+        labels = [
+            kv
+            for kv in re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")
+            if kv[0] not in ("engine", "model_name")
+        ]
+        out[m.group(1) + "".join(f"[{v}]" for _, v in sorted(labels))] = float(m.group(3))
+    return out
+
+
+class ServerInstance:
+    """vLLM's OpenAI server in a process group of its own, started from
+    `argv` (``python -m vllm.entrypoints.openai.api_server ...``) with the
+    test model's flags (SERVER_FLAGS), the workers' recorder and dev mode."""
+
+    def __init__(self, name: str, argv: list[str], env: dict, log_dir: Path, cores: set[int]):
+        assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"], argv
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.http_port = s.getsockname()[1]
+        self.name = name
+        self.base = f"http://127.0.0.1:{self.http_port}"
+        self.log = log_dir / f"vllm-server-{name}-{os.getpid()}.log"
+        environ = {
+            **os.environ,
+            "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_TARGET_DEVICE": "cpu",
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            **env,
+        }
+        environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own engine process
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    *argv[1:],
+                    *SERVER_FLAGS,
+                    "--worker-extension-cls",
+                    "vllm_worker_extension.KVSwapRecorder",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.http_port),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environ,
+                start_new_session=True,
+                preexec_fn=lambda: os.sched_setaffinity(0, cores),
+            )
+        atexit.register(self.kill)
+
+    def ready(self, timeout: float = 300) -> None:
+        """Waits until the server answers ``/health``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise InstanceError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                http(self.base + "/health", timeout=5)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise InstanceError(f"{self.name}: no /health in {timeout} s:\n{self.tail()}") from None
+                time.sleep(1)
+
+    def generate(
+        self, prompt: list[int], timeout: float = 300, kv_transfer_params: dict | None = None
+    ) -> dict:
+        """A greedy completion of 3 tokens: ``{"tokens": [...]}``."""
+        body = {
+            "model": ENGINE_MODEL,
+            "prompt": prompt,
+            "max_tokens": 3,
+            "temperature": 0.0,
+            "return_token_ids": True,
+        }
+        if kv_transfer_params:
+            body["kv_transfer_params"] = kv_transfer_params
+        (choice,) = json.loads(http(self.base + "/v1/completions", body, timeout))["choices"]
+        return {"tokens": choice["token_ids"], "finish_reason": choice["finish_reason"]}
+
+    def rpc(self, method: str, *args: str, timeout: float = 120) -> list:
+        """Every rank's result of the recorder's `method`, through
+        ``/collective_rpc``: vLLM sends string arguments only, and returns a
+        result that is not a dict or a list as its ``str``."""
+        body = {"method": method, "args": list(args), "timeout": timeout}
+        return json.loads(http(self.base + "/collective_rpc", body, timeout + 10))["results"]
+
+    def metrics(self, prefix: str = "vllm:") -> dict[str, float]:
+        """vLLM's counters with `prefix`, named as :meth:`Instance.metrics`
+        names them (Prometheus's ``_total`` suffix removed)."""
+        return {
+            name.replace("_total", "", 1): value
+            for name, value in metrics(self.base).items()
+            if name.startswith(prefix)
+        }
+
+    def tail(self, lines: int = 60) -> str:
+        return "".join(self.log.read_text(errors="replace").splitlines(True)[-lines:])
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Sends `sig` to the server and every process it started."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def close(self, timeout: float = 60) -> int | None:
+        """SIGTERM to the server's PID, as an operator stops it (a SIGKILL
+        of its process group after `timeout`); returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.proc.wait(30)
+        self.kill()
+        return self.proc.returncode
+
+
 # -- the script -----------------------------------------------------------------------
 
 
@@ -226,18 +396,9 @@ def main(engine_args: dict) -> None:
     from vllm_helpers import counters
 
     args = dict(
-        model=str(TESTS / "data" / "llama-4layer"),
-        load_format="dummy",
-        enforce_eager=True,
-        skip_tokenizer_init=True,
-        dtype="float16",
-        max_model_len=512,
-        block_size=32,
-        max_num_seqs=2,
-        num_gpu_blocks_override=64,
-        enable_prefix_caching=True,
+        model=ENGINE_MODEL,
+        **ENGINE,
         disable_log_stats=False,
-        seed=0,
         worker_extension_cls="vllm_worker_extension.KVSwapRecorder",
         # as the server's --shutdown-timeout 30 (docs/vllm.md): with vLLM's 0,
         # shutdown kills the engine's processes before the region is released
