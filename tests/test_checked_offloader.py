@@ -41,7 +41,7 @@ def settle(off, *job_ids):
 def copies_done(off):
     """Waits until every pending job's copy has run, without telling the offloader
     (``wait`` would count as the caller seeing them finish)."""
-    while not all(job.finished() for job in list(off._pending.values())):
+    while not all(job.finished() for job in list(off._lanes._pending.values())):
         time.sleep(0.001)
 
 
@@ -306,7 +306,7 @@ def test_a_late_wait_on_another_thread_does_not_forget_a_new_job_with_the_reused
     # 1 is still refused until the new store is reported.
     with make() as off, released(gated(off)) as gate:
         off.store(1, [0, 1], [0])
-        old_job = off._pending[1]
+        old_job = off._lanes._pending[1]
         gate.set()
         settle(off, 1)  # reported: id 1 is free again
         gate.clear()

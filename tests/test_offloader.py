@@ -611,7 +611,7 @@ def test_events_are_recycled(kind):
             off.store(j, [j % 8], [j % 8])
             off.wait({j})
             off.get_finished()
-        assert len(off._event_pool) == 2  # one start/end pair, reused every time
+        assert len(off._lanes._event_pool) == 2  # one start/end pair, reused every time
 
 
 # --- explicit offsets, partial chunks, groups, expedited loads ----------------------
@@ -844,7 +844,7 @@ def test_an_expedited_load_does_not_queue_behind_ordinary_loads(offloader):
 
 def test_get_finished_is_not_held_up_by_a_submission_being_launched(offloader):
     entered, release = threading.Event(), threading.Event()
-    lane = offloader._queues["store"]
+    lane = offloader._lanes._queues["store"]
 
     class SlowQueue:
         def put(self, job):
@@ -852,7 +852,7 @@ def test_get_finished_is_not_held_up_by_a_submission_being_launched(offloader):
             release.wait()
             lane.put(job)
 
-    offloader._queues["store"] = SlowQueue()
+    offloader._lanes._queues["store"] = SlowQueue()
     try:
         submitter = threading.Thread(target=offloader.store, args=(1, [0, 1], [0]), daemon=True)
         submitter.start()
@@ -867,7 +867,7 @@ def test_get_finished_is_not_held_up_by_a_submission_being_launched(offloader):
         launch_was_blocking_get_finished = poller.is_alive()
     finally:
         release.set()  # and the lane's own queue again, for the stop at shutdown
-        offloader._queues["store"] = lane
+        offloader._lanes._queues["store"] = lane
     submitter.join()
     poller.join()
     assert not launch_was_blocking_get_finished

@@ -134,8 +134,8 @@ INTERRUPTED_SHUTDOWN = {
         until_sigint = True
         off._copy = slow_copy
         store_all(0)
-        real_wait = off.wait
-        off.wait = lambda *a, **k: (setattr(off, "wait", real_wait), say("IN_SHUTDOWN"),
+        real_wait = off._lanes.wait
+        off._lanes.wait = lambda *a, **k: (setattr(off._lanes, "wait", real_wait), say("IN_SHUTDOWN"),
                                     real_wait(*a, **k))
         off.shutdown()
         say("RETURNED")
@@ -143,8 +143,8 @@ INTERRUPTED_SHUTDOWN = {
     "leaving with": """
         until_sigint = True
         off._copy = slow_copy
-        real_wait = off.wait
-        off.wait = lambda *a, **k: (setattr(off, "wait", real_wait), say("IN_SHUTDOWN"),
+        real_wait = off._lanes.wait
+        off._lanes.wait = lambda *a, **k: (setattr(off._lanes, "wait", real_wait), say("IN_SHUTDOWN"),
                                     real_wait(*a, **k))
         with off:
             store_all(0)
@@ -208,22 +208,22 @@ def test_an_interrupted_shutdown_stays_registered_for_exit_and_a_second_shutdown
     off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
     gate = gated(off)
     off.store(0, [0], [0])
-    real_wait = off.wait
+    real_wait = off._lanes.wait
 
     def interrupted_wait(*args, **kwargs):
-        off.wait = real_wait
+        off._lanes.wait = real_wait
         raise KeyboardInterrupt  # as Ctrl-C inside the wait does
 
-    off.wait = interrupted_wait
+    off._lanes.wait = interrupted_wait
     with pytest.raises(KeyboardInterrupt):
         off.shutdown()
-    assert off in lanes._LIVE and off.pending() == [0]
+    assert off._lanes in lanes._LIVE and off.pending() == [0] and off.host_tensors != []
     threading.Timer(0.2, gate.set).start()
     off.shutdown()
     (result,) = off.get_finished()
     assert result.job_id == 0 and result.success
-    assert off not in lanes._LIVE and off.host_tensors == []
-    assert not any(w.is_alive() for w in off._workers.values())
+    assert off._lanes not in lanes._LIVE and off.host_tensors == []
+    assert not any(w.is_alive() for w in off._lanes._workers.values())
 
 
 # --- fork ---------------------------------------------------------------------
@@ -381,7 +381,7 @@ def three_stores(off) -> list:
     while len(results) < 3 and time.monotonic() < deadline:
         results += off.get_finished()
     if len(results) < 3:  # a dead lane: exit must not wait on its jobs forever
-        lanes._LIVE.discard(off)
+        lanes._LIVE.discard(off._lanes)
     assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
     return results
 
@@ -450,7 +450,30 @@ def test_failing_a_job_never_raises_when_the_log_handler_does():
         logger, handler = logging.getLogger("torch_kvswap"), RaisingHandler()
         logger.addHandler(handler)
         try:
-            off._fail(job, RuntimeError("launch failed"))
+            off._lanes._fail(job, RuntimeError("launch failed"))
         finally:
             logger.removeHandler(handler)
         assert job.error == "RuntimeError: launch failed"
+
+
+# --- composition ----------------------------------------------------------------
+
+
+def test_the_lanes_read_only_attributes_they_define():
+    """Lanes know jobs, a copy function and trackers, not the offloader:
+    every ``self.name`` that lanes.py's Lanes reads is a method of Lanes or
+    is set in Lanes itself."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(lanes.Lanes))
+    (cls,) = tree.body
+    defined = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+    read = set()
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            (defined if isinstance(node.ctx, ast.Store) else read).add(node.attr)
+    assert read and read <= defined, sorted(read - defined)
+    off = KVCacheOffloader({"l": torch.randn(8, 4, 4)}, 1, 1, num_host_blocks=8)
+    assert not isinstance(off, lanes.Lanes) and isinstance(off._lanes, lanes.Lanes)
+    off.shutdown()

@@ -329,7 +329,7 @@ class OffloaderMachine(RuleBasedStateMachine):
                 h["release"].set()
             if self.broken:
                 # A dead lane would make the exit handler's shutdown hang too.
-                getattr(lanes_module, "_LIVE", set()).discard(self.off)
+                getattr(lanes_module, "_LIVE", set()).discard(self.off._lanes)
             else:
                 self.off.shutdown()
 

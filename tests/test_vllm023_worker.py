@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_kvswap.offloader import lanes as offloader_module
+from torch_kvswap.offloader import offloader as offloader_module
 from torch_kvswap.integrations import vllm as plugin
 from torch_kvswap.integrations.vllm import compat
 from vllm_helpers import forget_plugin_classes

@@ -100,17 +100,17 @@ MUTANTS = [
     dict(
         name="handler-launch-under-table-lock",
         file=_O + "lanes.py",
-        where="Lanes._submit",
+        where="Lanes.submit",
         find="                self._fifo[lane].append(job)\n            # Launched outside",
         replace="                self._fifo[lane].append(job)\n                if self._workers is not None:\n"
-        "                    self._queues[lane].put(job)\n                    return True\n            # Launched outside",
+        "                    self._queues[lane].put(job)\n                    return\n            # Launched outside",
         tests=_T,
         why="get_finished must not wait behind a launch",
     ),
     dict(
         name="handler-exit-leaves-jobs-in-flight",
         file=_O + "lanes.py",
-        where="Lanes._start_lanes",
+        where="Lanes.__init__",
         find="        _LIVE.add(self)  # shut down at interpreter exit",
         replace="        pass  # shut down at interpreter exit",
         tests=["tests/test_exit.py"],
@@ -138,17 +138,17 @@ MUTANTS = [
     ),
     dict(
         name="handler-strict-loads-unchecked",
-        file=_O + "lanes.py",
-        where="Lanes._submit",
-        find="                if self.strict:\n                    self._track_stored(job)\n",
-        replace="",
+        file=_O + "strict.py",
+        where="StoreRecord.admit",
+        find="            if not stored.all():",
+        replace="            if False:",
         tests=_T,
         why="strict=True must refuse a load of a host block that no store has written",
     ),
     dict(
         name="handler-strict-failed-store-counts-as-stored",
-        file=_O + "offloader.py",
-        where="KVCacheOffloader._unmark_failed_store",
+        file=_O + "strict.py",
+        where="StoreRecord.finish",
         find="            failed[self._last_store[rows] == job.serial] = job.job_id",
         replace="            pass",
         tests=_T,
@@ -156,10 +156,10 @@ MUTANTS = [
     ),
     dict(
         name="handler-strict-wait-lenient",
-        file=_O + "lanes.py",
-        where="Lanes.wait",
-        find="        strict = self.strict if strict is None else strict",
-        replace="        strict = bool(strict)",
+        file=_O + "offloader.py",
+        where="KVCacheOffloader.wait",
+        find="self._lanes.wait(job_ids, self.strict if strict is None else strict)",
+        replace="self._lanes.wait(job_ids, bool(strict))",
         tests=_T,
         why="an offloader built with strict=True must refuse waits on unknown ids",
     ),
@@ -395,7 +395,7 @@ MUTANTS = [
     dict(
         name="offloader-threads-hold-their-offloader",
         file=_O + "lanes.py",
-        where="Lanes._start_lanes",
+        where="Lanes.__init__",
         find="            owner = weakref.ref(self)",
         replace="            owner = lambda: self  # noqa: E731",
         tests=[
@@ -403,6 +403,18 @@ MUTANTS = [
         ],
         why="worker threads that hold their offloader keep a dropped one, its threads and its "
         "mirrors, until exit",
+    ),
+    dict(
+        name="lanes-copy-function-holds-its-offloader",
+        file=_O + "offloader.py",
+        where="_copier",
+        find="    owner = weakref.ref(offloader)",
+        replace="    owner = lambda: offloader  # noqa: E731",
+        tests=[
+            _LT + "test_ten_dropped_offloaders_are_collected_their_threads_stop_and_their_mirrors_are_freed"
+        ],
+        why="lanes whose copy function holds the offloader keep a dropped one, its threads and its "
+        "mirrors, until a garbage collection finds the cycle",
     ),
     dict(
         name="offloader-base-exception-kills-the-lane",
@@ -462,11 +474,11 @@ MUTANTS = [
         file=_O + "lanes.py",
         where="_run_lane",
         find="""            try:
-                offloader._fail(job, exc)
+                lanes._fail(job, exc)
             except BaseException as report_exc:  # noqa: BLE001 - the report raised: the job still fails
                 job.error = job.error or describe(report_exc)
 """,
-        replace="""            offloader._fail(job, exc)
+        replace="""            lanes._fail(job, exc)
 """,
         tests=[_LT + "test_a_report_that_raises_fails_the_job_and_the_lane_keeps_working"],
         why="a log handler that raised while a failed copy was reported ended the lane's thread: "
@@ -507,8 +519,8 @@ MUTANTS = [
     ),
     dict(
         name="strict-failed-store-unmarks-a-later-stores-rows",
-        file=_O + "offloader.py",
-        where="KVCacheOffloader._unmark_failed_store",
+        file=_O + "strict.py",
+        where="StoreRecord.finish",
         find="failed[self._last_store[rows] == job.serial] = job.job_id",
         replace="failed[self._last_store[rows] >= 0] = job.job_id",
         tests=[
@@ -519,8 +531,8 @@ MUTANTS = [
     ),
     dict(
         name="strict-failed-store-reads-as-never-stored",
-        file=_O + "offloader.py",
-        where="KVCacheOffloader._track_stored",
+        file=_O + "strict.py",
+        where="StoreRecord.admit",
         find="                if failed >= 0:",
         replace="                if False:",
         tests=[
@@ -531,7 +543,7 @@ MUTANTS = [
     dict(
         name="shut-down-offloader-gives-no-way-forward",
         file=_O + "lanes.py",
-        where="Lanes._submit",
+        where="Lanes.submit",
         find='"available from get_finished(). Build a new KVCacheOffloader for more jobs"',
         replace='"available from get_finished()"',
         tests=["tests/test_offloader.py::test_a_shut_down_offloader_says_what_to_do_instead"],

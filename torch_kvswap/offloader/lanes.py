@@ -1,5 +1,4 @@
-"""Lanes and completion: how the offloader's planned jobs are queued, copied
-and reported.
+"""Lanes and completion: how planned jobs are queued, copied and reported.
 
 One lane per kind of job (stores, loads, expedited loads), each with its own
 stream, or with no accelerator its own worker thread; jobs of one lane run and
@@ -8,11 +7,15 @@ event (or its worker) says it is done; ``wait`` blocks on the same signals and
 ``shutdown`` drains every lane. The table lock guards the job tables and is
 never held while a copy is launched or waited for.
 
-Lifecycle (docs/offloader.md, "Lifecycle contract"): an offloader stays on
-the exit list until its workers have stopped, so an interrupted ``shutdown``
-is finished by the next call or at exit; worker threads hold their offloader
-only while they copy, so a dropped one is collected; in a forked child an
-offloader of the parent refuses every call.
+:class:`Lanes` knows jobs, not what they copy: its owner hands it a ``copy``
+function and the job trackers (:class:`JobTracker`: checked mode's contract,
+strict mode's record of stores), and builds each :class:`Job`.
+
+Lifecycle (docs/offloader.md, "Lifecycle contract"): lanes stay on the exit
+list until their workers have stopped, so an interrupted ``shutdown`` is
+finished by the next call or at exit; worker threads hold their lanes only
+while they copy, so dropped lanes (and the offloader that owns them) are
+collected; in a forked child the parent's lanes refuse every call.
 """
 
 from __future__ import annotations
@@ -27,14 +30,12 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
 import torch
 
-from .. import ops
 from .planning import Copy, as_job_ids
 from .specs import TransferResult
 from .waits import wait_for
@@ -42,7 +43,7 @@ from .waits import wait_for
 logger = logging.getLogger("torch_kvswap")
 
 _LANES = ("store", "load", "expedited")
-# Offloaders not yet shut down. At interpreter exit each is shut down: its
+# Lanes not yet shut down. At interpreter exit each is shut down: its
 # in-flight jobs finish and its worker threads stop before the interpreter
 # tears down, instead of being cut off inside a copy (which aborts the
 # process: "terminate called without an active exception").
@@ -63,9 +64,9 @@ os.register_at_fork(after_in_child=_forget_the_parents_offloaders)
 
 @atexit.register
 def _shutdown_live() -> None:
-    for offloader in list(_LIVE):
+    for lanes in list(_LIVE):
         try:
-            offloader.shutdown()
+            lanes.shutdown()
         except Exception:  # exit goes on; the others still shut down
             logger.exception("kvswap: shutting down an offloader at exit failed")
 
@@ -84,33 +85,34 @@ def describe(exc: BaseException) -> str:
 
 
 def _run_lane(owner: weakref.ref, jobs: queue.SimpleQueue) -> None:
-    """A lane's worker thread. It holds its offloader only while it copies a
-    job, so a dropped offloader is collected once no copy runs (its mirrors
-    live until then); jobs still queued then are abandoned, never copied.
-    Nothing a copy or its report raises ends the thread: the job is marked
-    done (failed) and the next one runs."""
+    """A lane's worker thread. It holds its lanes (and through their copy
+    function, the offloader) only while it copies a job, so a dropped
+    offloader is collected once no copy runs (its mirrors live until then);
+    jobs still queued then are abandoned, never copied. Nothing a copy or its
+    report raises ends the thread: the job is marked done (failed) and the
+    next one runs."""
     while (job := jobs.get()) is not None:
-        offloader = owner()
-        if offloader is None:
+        lanes = owner()
+        if lanes is None:
             continue
         t0 = time.perf_counter()
         try:
-            offloader._copy(job)
+            lanes._copy(job)
         except BaseException as exc:  # noqa: BLE001 - any kind, SystemExit too: the job failed, the lane goes on
             try:
-                offloader._fail(job, exc)
+                lanes._fail(job, exc)
             except BaseException as report_exc:  # noqa: BLE001 - the report raised: the job still fails
                 job.error = job.error or describe(report_exc)
         finally:
             job.seconds = time.perf_counter() - t0
             job.done.set()
-        del offloader  # may collect it, on this thread: _stop_lanes only queues the stops
+        del lanes  # may collect them, on this thread: _stop_lanes only queues the stops
 
 
 def _stop_lanes(generation: int, queues: dict | None, streams: dict | None) -> None:
-    """Stops an offloader's lanes, once: at ``shutdown``, or when it is
-    collected. Worker threads finish the job they run and stop; streams finish
-    their copies before the mirrors they read or write are freed."""
+    """Stops lanes, once: at ``shutdown``, or when they are collected.
+    Worker threads finish the job they run and stop; streams finish their
+    copies before the mirrors they read or write are freed."""
     if generation != _generation:
         return  # a forked child: the lanes are the parent's
     for jobs in (queues or {}).values():
@@ -159,13 +161,46 @@ class Job:
             return True
 
 
-class Lanes:
-    """The lanes, the job tables and completion of :class:`KVCacheOffloader`
-    (its base). Uses the offloader's ``device``, tensors, ``_planner``,
-    ``_checks``, ``strict``, ``_track_stored`` and ``_release_mirrors``;
-    :meth:`_start_lanes` sets the rest up."""
+class JobTracker(Protocol):
+    """Follows jobs through the lanes; every method runs under the table lock.
+    Checked mode's contract (``_checked.OffloaderChecks``) and strict mode's
+    record of stores (``strict.StoreRecord``) are trackers."""
 
-    def _start_lanes(self, on_accelerator: bool) -> None:
+    def admit(self, job: Job) -> None:
+        """A job about to be queued; raising refuses it, before any copy."""
+
+    def observed(self, jobs: list[Job]) -> None:
+        """The caller's ``wait`` returned for these jobs."""
+
+    def finish(self, job: Job, ok: bool) -> None:
+        """The job is reported, done (``ok``) or failed."""
+
+
+class Lanes:
+    """The lanes, the job tables and completion of one offloader.
+
+    Args:
+        device: where the caches are; the streams' device on an accelerator.
+        medium: the device side's name in results (``"GPU"``, ``"NPU"``, ...).
+        on_accelerator: streams (True) or worker threads (False).
+        copy: runs a job's copies on the current stream (from a worker
+            thread with no accelerator); a raise fails the job.
+        trackers: admit each job, in this order, and are told when the
+            caller's ``wait`` observed it and when it finished (in reverse
+            order).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        medium: str,
+        on_accelerator: bool,
+        copy: Callable[[Job], None],
+        trackers: Sequence[JobTracker] = (),
+    ) -> None:
+        self.device, self._medium = device, medium
+        self._copy = copy
+        self._trackers = tuple(trackers)
         self._lock = threading.Lock()  # the job tables; never held across a launch or a wait
         # One submission lock per lane keeps launch order equal to table order.
         self._lane_locks = {lane: threading.Lock() for lane in _LANES}
@@ -174,7 +209,6 @@ class Lanes:
         self._ready: list[TransferResult] = []
         self._fifo: dict[str, collections.deque[Job]] = {lane: collections.deque() for lane in _LANES}
         self._closed = False
-        self._released = False
         self._generation, self._pid = _generation, os.getpid()
         self._event_pool: list[Any] = []
         if on_accelerator:
@@ -183,7 +217,7 @@ class Lanes:
         else:
             self._streams = None
             self._queues = {lane: queue.SimpleQueue() for lane in _LANES}
-            owner = weakref.ref(self)  # a thread holding the offloader would keep it forever
+            owner = weakref.ref(self)  # a thread holding the lanes would keep them forever
             self._workers = {
                 lane: threading.Thread(
                     target=_run_lane, args=(owner, self._queues[lane]), name=f"kvswap-{lane}", daemon=True
@@ -193,7 +227,7 @@ class Lanes:
             for w in self._workers.values():
                 w.start()
         self._stop = weakref.finalize(self, _stop_lanes, _generation, self._queues, self._streams)
-        self._stop.atexit = False  # exit shuts live offloaders down instead, jobs finished
+        self._stop.atexit = False  # exit shuts live lanes down instead, jobs finished
         _LIVE.add(self)  # shut down at interpreter exit (_shutdown_live)
 
     def _check_process(self) -> None:
@@ -206,20 +240,12 @@ class Lanes:
 
     # -- submission ------------------------------------------------------------
 
-    def _submit(
-        self,
-        job_id: int,
-        lane: str,
-        src: np.ndarray,
-        dst: np.ndarray,
-        offsets: int | Sequence[int] | None,
-        group_sizes: Sequence[int] | None,
-    ) -> bool:
-        is_store = lane == "store"
-        device, host = (src, dst) if is_store else (dst, src)
-        copies, num_bytes = self._planner.plan(is_store, device, host, offsets, group_sizes)
+    def submit(self, job: Job) -> None:
+        """Queues `job` on its lane once every tracker admitted it; raises,
+        nothing queued, when the lanes are shut down, the job id is pending
+        or a tracker refuses the job."""
         self._check_process()
-        job = Job(job_id, lane, num_bytes, copies)
+        lane = job.lane
         with self._lane_locks[lane]:  # launch order == table order, per lane
             with self._lock:
                 if self._closed:
@@ -230,10 +256,8 @@ class Lanes:
                     )
                 if job.job_id in self._pending:
                     raise ValueError(f"job id {job.job_id} is already in flight or not yet reported")
-                if self._checks is not None:
-                    self._checks.admit(job)  # refuses before anything is queued
-                if self.strict:
-                    self._track_stored(job)
+                for tracker in self._trackers:
+                    tracker.admit(job)  # refuses before anything is queued
                 self._pending[job.job_id] = job
                 self._fifo[lane].append(job)
             # Launched outside the table lock: get_finished never waits on a launch.
@@ -249,16 +273,6 @@ class Lanes:
                         raise  # Ctrl-C in the caller's thread: the job is failed, the call interrupted
                 finally:
                     job.launched.set()
-        return True
-
-    def _copy(self, job: Job) -> None:
-        src, dst = (
-            (self.device_tensors, self.host_tensors)
-            if job.is_store
-            else (self.host_tensors, self.device_tensors)
-        )
-        for c in job.copies:
-            ops.swap_blocks([src[i] for i in c.tensors], [dst[i] for i in c.tensors], c.src_ids, c.dst_ids)
 
     def _launch_on_stream(self, job: Job) -> None:
         stream = self._streams[job.lane]
@@ -333,22 +347,17 @@ class Lanes:
         if self._pending.get(job.job_id) is job:
             del self._pending[job.job_id]
         ok = job.error is None
-        if self.strict and job.is_store and not ok:
-            self._unmark_failed_store(job)
-        kind = (self._device_medium, "CPU") if job.is_store else ("CPU", self._device_medium)
-        if self._checks is not None:
-            self._checks.finish(job, ok)
+        for tracker in reversed(self._trackers):
+            tracker.finish(job, ok)
+        kind = (self._medium, "CPU") if job.is_store else ("CPU", self._medium)
         return TransferResult(job.job_id, ok, job.num_bytes if ok else 0, seconds, kind, job.error)
 
-    def wait(self, job_ids: Iterable[int], *, strict: bool | None = None) -> None:
-        """Block until every listed job has finished (it stays reportable by
-        ``get_finished``). Ids that are not pending (already reported, or never
-        submitted) are ignored, as in the reference; ``strict=True`` (default:
-        the offloader's ``strict``) raises ``KeyError`` for them instead.
-        ``job_ids`` is an iterable of ints (``wait({1})``, not ``wait(1)``)."""
+    def wait(self, job_ids: Iterable[int], strict: bool) -> None:
+        """Blocks until every listed pending job has finished (it stays
+        reportable by ``get_finished``); other ids are ignored, or with
+        ``strict`` refused with ``KeyError``."""
         self._check_process()
         wanted = as_job_ids(job_ids)
-        strict = self.strict if strict is None else strict
         with self._lock:
             missing = wanted - self._pending.keys()
             if strict and missing:
@@ -364,9 +373,10 @@ class Lanes:
                     job.end_event.synchronize()
                 except Exception as exc:  # noqa: BLE001 - reported by get_finished
                     job.error = job.error or describe(exc)
-        if self._checks is not None:
+        if self._trackers:
             with self._lock:
-                self._checks.observed(jobs)  # the caller has seen them finish
+                for tracker in self._trackers:
+                    tracker.observed(jobs)  # the caller has seen them finish
 
     def pending(self) -> list[int]:
         """Job ids submitted and not yet reported by ``get_finished``."""
@@ -374,15 +384,15 @@ class Lanes:
         with self._lock:
             return list(self._pending)
 
-    def shutdown(self) -> None:
-        """Finish every in-flight job, stop the workers and release the host
-        mirrors. Results stay available from ``get_finished``. Idempotent and
-        safe to interrupt (Ctrl-C): until the workers have stopped the
-        offloader stays on the exit list, and the next call, or exit, finishes
-        the shutdown. In a forked child it returns at once: the jobs and the
-        workers are the parent's."""
+    def shutdown(self) -> bool:
+        """Finishes every in-flight job and stops the workers; results stay
+        available from ``get_finished``. Idempotent and safe to interrupt
+        (Ctrl-C): until the workers have stopped the lanes stay on the exit
+        list, and the next call, or exit, finishes the shutdown. Returns
+        whether the lanes are stopped: False in a forked child, where the
+        jobs and the workers are the parent's (nothing is done)."""
         if self._generation != _generation:
-            return
+            return False
         with self._lock:
             self._closed = True
         # A submission that passed the closed check is in the table now.
@@ -395,8 +405,5 @@ class Lanes:
         self._stop()  # once: later calls find the stops queued
         for worker in (self._workers or {}).values():
             worker.join()
-        with self._lock:
-            released, self._released = self._released, True
-        if not released:
-            self._release_mirrors()
         _LIVE.discard(self)
+        return True

@@ -22,7 +22,8 @@ of its first host block (``offsets``) and end at any sub-block of its last
 one, in both directions; see :meth:`KVCacheOffloader.store`.
 
 Ordering (see docs/offloader.md; the lanes are in lanes.py, the planning in
-planning.py, the host mirrors in caches.py):
+planning.py, the host mirrors in caches.py, strict mode's record in
+strict.py):
 
 * One lane per kind of job: stores, loads and expedited loads, each with its
   own stream (with no accelerator: its own worker thread). Jobs of one lane
@@ -42,13 +43,14 @@ for, so ``get_finished`` on another thread is never held up by a submission,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import _checked
+from .. import _checked, ops
 from .caches import (
     allocate_mirrors,
     check_groups,
@@ -59,12 +61,28 @@ from .caches import (
 from .host_memory import DEFAULT_CHUNK_BYTES, HostMemory
 from .lanes import Job, Lanes
 from .planning import Planner, as_ids, as_job_id
-from .specs import BlockIds, is_host_spec
+from .specs import BlockIds, TransferResult, is_host_spec
+from .strict import StoreRecord
 
 __all__ = ["KVCacheOffloader"]
 
 
-class KVCacheOffloader(Lanes):
+def _copier(offloader: KVCacheOffloader) -> Callable[[Job], None]:
+    """The lanes' copy function: the offloader's ``_copy``, looked up at each
+    call through a weak reference, so the lanes and their threads never keep
+    the offloader alive."""
+    owner = weakref.ref(offloader)
+
+    def copy(job: Job) -> None:
+        offloader = owner()
+        if offloader is None:
+            raise RuntimeError("the KVCacheOffloader was collected before this job ran")
+        offloader._copy(job)
+
+    return copy
+
+
+class KVCacheOffloader:
     """Host mirrors of a paged KV cache and asynchronous store/load jobs.
 
     Args:
@@ -159,17 +177,12 @@ class KVCacheOffloader(Lanes):
         self._checks = _checked.attach(self, check)  # regions always; the tracker when checked
         #: whether loads of never-stored host sub-blocks and waits on unknown ids are refused
         self.strict = bool(strict)
-        # strict: per host sub-block row of each tensor, the latest store
-        # submitted for it (its Job.serial; -1: none), and the id of that
-        # store when it failed (-1: it did not). A load may read a row whose
-        # latest store exists and did not fail.
-        shape = (len(self.device_tensors), self.num_host_blocks * self.factor)
-        self._last_store = np.full(shape, -1, dtype=np.int64) if self.strict else None
-        self._failed_store = np.full(shape, -1, dtype=np.int64) if self.strict else None
-        self._device_medium = {"cuda": "GPU", "npu": "NPU"}.get(
-            self.device.type, self.device.type.upper() + "_DEVICE"
-        )
-        self._start_lanes(on_accelerator)
+        trackers = [] if self._checks is None else [self._checks]
+        if self.strict:
+            trackers.append(StoreRecord(self.cache_names, self.num_host_blocks * self.factor, self.factor))
+        medium = {"cuda": "GPU", "npu": "NPU"}.get(self.device.type, self.device.type.upper() + "_DEVICE")
+        self._lanes = Lanes(self.device, medium, on_accelerator, _copier(self), trackers)
+        self._released = False
 
     def _take_caches(
         self,
@@ -236,7 +249,21 @@ class KVCacheOffloader(Lanes):
         group_sizes: Sequence[int] | None,
     ) -> bool:
         self._wait_for_mirrors()
-        return super()._submit(job_id, lane, src, dst, offsets, group_sizes)
+        is_store = lane == "store"
+        device, host = (src, dst) if is_store else (dst, src)
+        copies, num_bytes = self._planner.plan(is_store, device, host, offsets, group_sizes)
+        self._lanes.submit(Job(job_id, lane, num_bytes, copies))
+        return True
+
+    def _copy(self, job: Job) -> None:
+        """A job's copies: one :func:`~torch_kvswap.swap_blocks` call per group."""
+        src, dst = (
+            (self.device_tensors, self.host_tensors)
+            if job.is_store
+            else (self.host_tensors, self.device_tensors)
+        )
+        for c in job.copies:
+            ops.swap_blocks([src[i] for i in c.tensors], [dst[i] for i in c.tensors], c.src_ids, c.dst_ids)
 
     def _release_mirrors(self) -> None:
         if self.host_memory is not None:
@@ -361,48 +388,39 @@ class KVCacheOffloader(Lanes):
             expedited=expedited,
         )
 
-    def _track_stored(self, job: Job) -> None:
-        """strict: a store becomes the latest store of the host rows it writes
-        (a failed one marks those it is still the latest store of,
-        _unmark_failed_store); a load may read only rows whose latest store
-        did not fail."""
-        if job.is_store:
-            for c in job.copies:
-                rows = np.ix_(c.tensors, c.dst_ids.numpy())
-                self._last_store[rows] = job.serial
-                self._failed_store[rows] = -1
-            return
-        for c in job.copies:
-            rows = c.src_ids.numpy()
-            ix = np.ix_(c.tensors, rows)
-            stored = (self._last_store[ix] >= 0) & (self._failed_store[ix] < 0)
-            if not stored.all():
-                t, j = (int(x[0]) for x in np.nonzero(~stored))
-                row = int(rows[j])
-                where = (
-                    f"load (job {job.job_id}) reads host block {row // self.factor} (sub-block "
-                    f"{row % self.factor}) of cache {self.cache_names[c.tensors[t]]}"
-                )
-                failed = int(self._failed_store[c.tensors[t], row])
-                if failed >= 0:
-                    raise ValueError(
-                        f"{where}, whose latest store (job {failed}) failed, so the block holds no "
-                        "complete data; store it again before loading it (strict=True; nothing "
-                        "was copied)"
-                    )
-                raise ValueError(
-                    f"{where}, which no store has written; strict=True refuses loads of "
-                    "never-stored host blocks (nothing was copied)"
-                )
+    # -- completion ----------------------------------------------------------
 
-    def _unmark_failed_store(self, job: Job) -> None:
-        """strict: a failed store may have written part of its rows; those
-        that no later store rewrites hold nothing a load may read."""
-        for c in job.copies:
-            rows = np.ix_(c.tensors, c.dst_ids.numpy())
-            failed = self._failed_store[rows]
-            failed[self._last_store[rows] == job.serial] = job.job_id
-            self._failed_store[rows] = failed
+    def get_finished(self) -> list[TransferResult]:
+        """Results of the jobs that finished since the last call: stores, then
+        loads, then expedited loads, each in submission order. Never blocks.
+
+        With no accelerator, a call that finds nothing finished while jobs are
+        pending yields the processor once (``os.sched_yield``, which also
+        releases the GIL), so a caller polling in a tight loop does not starve
+        the copy threads."""
+        return self._lanes.get_finished()
+
+    def wait(self, job_ids: Iterable[int], *, strict: bool | None = None) -> None:
+        """Block until every listed job has finished (it stays reportable by
+        ``get_finished``). Ids that are not pending (already reported, or never
+        submitted) are ignored, as in the reference; ``strict=True`` (default:
+        the offloader's ``strict``) raises ``KeyError`` for them instead.
+        ``job_ids`` is an iterable of ints (``wait({1})``, not ``wait(1)``)."""
+        self._lanes.wait(job_ids, self.strict if strict is None else strict)
+
+    def pending(self) -> list[int]:
+        """Job ids submitted and not yet reported by ``get_finished``."""
+        return self._lanes.pending()
+
+    def shutdown(self) -> None:
+        """Finish every in-flight job, stop the workers and release the host
+        mirrors. Results stay available from ``get_finished``. Idempotent and
+        safe to interrupt (Ctrl-C): the next call, or exit, finishes the
+        shutdown. In a forked child it returns at once: the jobs, the workers
+        and the mirrors are the parent's."""
+        if self._lanes.shutdown() and not self._released:
+            self._released = True
+            self._release_mirrors()
 
     def __enter__(self) -> KVCacheOffloader:
         return self
