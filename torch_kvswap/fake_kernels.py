@@ -90,6 +90,14 @@ def _refuse_shared_destinations(dst_caches) -> None:
         )
 
 
+class DynamicStorageOffsetError(IndexError):
+    """A destination whose storage offset (its index into its storage) is a
+    symbol under torch.compile. An ``IndexError`` because torch.compile, from
+    torch 2.13, hands an ``IndexError`` raised while tracing to the caller as
+    raised, so the refusal is the first line the caller reads; before 2.13 it
+    arrives inside Dynamo's ``TorchRuntimeError``. Eager calls never raise it."""
+
+
 def _refuse_dynamic_storage_offset(dst_caches) -> None:
     """Inductor's clone of a mutated input whose storage offset is dynamic
     regenerates the view at offset 0 (its sym_storage_offset of a graph input
@@ -97,16 +105,14 @@ def _refuse_dynamic_storage_offset(dst_caches) -> None:
     from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
     for i, d in enumerate(dst_caches):
-        _refuse_unless(
-            is_concrete_int(d.storage_offset()),
-            lambda: (
+        if not is_concrete_int(d.storage_offset()):
+            raise DynamicStorageOffsetError(
                 f"dst_caches[{i}] starts at a storage offset that torch.compile treats as dynamic "
                 f"({d.storage_offset()}), as a half of one stacked [num_blocks, 2, ...] or "
                 "[2, num_blocks, ...] cache does under dynamic shapes; Inductor would write it at "
-                "the wrong offset. "
-                "Compile with dynamic=False, or keep K and V in separate tensors"
-            ),
-        )
+                "the wrong offset. Compile with dynamic=False, or keep K and V in separate tensors "
+                "(nothing was copied)"
+            )
 
 
 @torch.library.register_fake("kvswap::swap_blocks")

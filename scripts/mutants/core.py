@@ -499,6 +499,18 @@ MUTANTS = [
         why="a bad skip_count is not refused at trace time",
     ),
     dict(
+        name="compile_refusal_buried_in_dynamo_error",
+        file="torch_kvswap/fake_kernels.py",
+        where="_refuse_dynamic_storage_offset",
+        find="            raise DynamicStorageOffsetError(",
+        replace="            raise ValueError(",
+        tests=[
+            "tests/test_compile.py::test_dynamic_storage_offset_of_a_destination_is_refused_and_nothing_lost"
+        ],
+        why="the refusal reached the caller as the second of 15 lines of Dynamo's error, after "
+        "'RuntimeError when making fake tensor call'",
+    ),
+    dict(
         name="fake_device_check_dropped",
         file="torch_kvswap/fake_kernels.py",
         where="_swap_blocks_fake",
@@ -696,8 +708,8 @@ MUTANTS = [
         name="dynamic_destination_offset_accepted",
         file="torch_kvswap/fake_kernels.py",
         where="_refuse_dynamic_storage_offset",
-        find="is_concrete_int(d.storage_offset()),",
-        replace="True,",
+        find="if not is_concrete_int(d.storage_offset()):",
+        replace="if False:",
         tests=[COMPILE, "tests/test_compile_matrix.py"],
         why="a destination with a dynamic storage offset compiles: Inductor writes it at offset 0",
     ),
