@@ -303,13 +303,8 @@ class Lanes:
     # -- completion --------------------------------------------------------------
 
     def get_finished(self) -> list[TransferResult]:
-        """Results of the jobs that finished since the last call: stores, then
-        loads, then expedited loads, each in submission order. Never blocks.
-
-        With no accelerator, a call that finds nothing finished while jobs are
-        pending yields the processor once (``os.sched_yield``, which also
-        releases the GIL), so a caller polling in a tight loop does not starve
-        the copy threads."""
+        """What ``KVCacheOffloader.get_finished`` returns (its docstring says
+        in which order, and when a call yields the processor)."""
         self._check_process()
         # Ctrl-C may interrupt this call between any two steps. A job leaves
         # its lane's queue only once its result is in self._ready, and the
