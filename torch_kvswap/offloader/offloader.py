@@ -43,6 +43,7 @@ for, so ``get_finished`` on another thread is never held up by a submission,
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -182,7 +183,8 @@ class KVCacheOffloader:
             trackers.append(StoreRecord(self.cache_names, self.num_host_blocks * self.factor, self.factor))
         medium = {"cuda": "GPU", "npu": "NPU"}.get(self.device.type, self.device.type.upper() + "_DEVICE")
         self._lanes = Lanes(self.device, medium, on_accelerator, _copier(self), trackers)
-        self._released = False
+        self._released = False  # the mirrors, once, by the first shutdown() to stop the lanes
+        self._release_lock = threading.Lock()
 
     def _take_caches(
         self,
@@ -418,8 +420,11 @@ class KVCacheOffloader:
         safe to interrupt (Ctrl-C): the next call, or exit, finishes the
         shutdown. In a forked child it returns at once: the jobs, the workers
         and the mirrors are the parent's."""
-        if self._lanes.shutdown() and not self._released:
-            self._released = True
+        if not self._lanes.shutdown():
+            return
+        with self._release_lock:  # two threads' shutdown() release the mirrors once
+            released, self._released = self._released, True
+        if not released:
             self._release_mirrors()
 
     def __enter__(self) -> KVCacheOffloader:
